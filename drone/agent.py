@@ -1,0 +1,142 @@
+"""The agent loop: call the model, run the tools it asks for, feed results back, until it answers.
+
+Abort lands by the rules of DESIGN.md section 3: whatever the phase, the messages kept form a valid
+conversation (partial text is kept and flagged; every tool call gets a result, a synthetic
+"cancelled" one when it did not run), then ``AbortError`` propagates to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.abort import AbortError, AbortSignal
+from shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
+
+from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec
+
+log = logging.getLogger("hangar.agent")
+
+MAX_STEPS = 25
+
+
+class Report(Protocol):
+    """Where a work order's progress goes (the relay, through the drone's connection)."""
+
+    async def text(self, text: str, depth: int) -> None: ...
+
+    async def message(self, message: ChatMessage) -> None:
+        """A finished message of the work order's own conversation (depth 0), to persist."""
+
+    async def tool(
+        self,
+        call: ToolCall,
+        state: str,
+        depth: int,
+        result: str | None = None,
+    ) -> None: ...
+
+
+class ToolRunner(Protocol):
+    specs: list[ToolSpec]
+
+    async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
+        """Run one tool call; raise ``AbortError`` if the signal cut it short."""
+
+
+class NoTools:
+    def __init__(self) -> None:
+        self.specs: list[ToolSpec] = []
+
+    async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
+        return f"Error: there is no tool named {call.name!r}."
+
+
+class StepLimitError(Exception):
+    pass
+
+
+@dataclass
+class Agent:
+    provider: Provider
+    tools: ToolRunner
+    report: Report
+    depth: int = 0
+    max_steps: int = MAX_STEPS
+
+    async def run(self, messages: list[ChatMessage], signal: AbortSignal) -> str:
+        """Run to a final answer and return it; ``messages`` grows with everything kept."""
+        keep = self._keeper(messages)
+        for _ in range(self.max_steps):
+            signal.throw_if_aborted()
+            text: list[str] = []
+            calls: list[ToolCall] = []
+            try:
+                async for event in self.provider.chat(
+                    messages, self.tools.specs, ChatOptions(self.provider.model, signal)
+                ):
+                    if isinstance(event, TextChunk):
+                        text.append(event.text)
+                        await self.report.text(event.text, self.depth)
+                    elif isinstance(event, ToolCallRequest):
+                        calls.append(
+                            ToolCall(id=event.id, name=event.name, arguments=event.arguments)
+                        )
+            except AbortError:
+                if text:
+                    await keep(ChatMessage(role="assistant", content="".join(text), aborted=True))
+                raise
+            await keep(
+                ChatMessage(role="assistant", content="".join(text), tool_calls=calls or None)
+            )
+            if not calls:
+                return "".join(text)
+            await self._run_tools(calls, signal, keep)
+        raise StepLimitError(f"Stopped after {self.max_steps} model calls without a final answer.")
+
+    async def _run_tools(
+        self,
+        calls: list[ToolCall],
+        signal: AbortSignal,
+        keep: Callable[[ChatMessage], Awaitable[None]],
+    ) -> None:
+        for index, call in enumerate(calls):
+            if signal.aborted:
+                await self._cancel(calls[index:], keep)
+                signal.throw_if_aborted()
+            await self.report.tool(call, "start", self.depth)
+            try:
+                result = await self.tools.run(call, signal, self.depth)
+            except AbortError:
+                await self._cancel(calls[index:], keep)
+                raise
+            except Exception as error:  # a failing tool is the model's problem, not the turn's
+                log.info("tool %s failed: %s", call.name, error)
+                result = f"Error: {error}"
+                await self.report.tool(call, "error", self.depth, result)
+            else:
+                await self.report.tool(call, "end", self.depth, result)
+            await keep(
+                ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
+            )
+
+    async def _cancel(
+        self, calls: list[ToolCall], keep: Callable[[ChatMessage], Awaitable[None]]
+    ) -> None:
+        for call in calls:
+            await self.report.tool(call, "cancelled", self.depth, TOOL_CANCELLED)
+            await keep(
+                ChatMessage(
+                    role="tool", content=TOOL_CANCELLED, tool_call_id=call.id, name=call.name
+                )
+            )
+
+    def _keeper(self, messages: list[ChatMessage]) -> Callable[[ChatMessage], Awaitable[None]]:
+        async def keep(message: ChatMessage) -> None:
+            messages.append(message)
+            if self.depth == 0:
+                await self.report.message(message)
+
+        return keep

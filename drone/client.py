@@ -1,0 +1,201 @@
+"""The drone's connection to the relay: socket.io client, reconnecting, never losing an ending.
+
+Progress text sent while the relay is unreachable is dropped (it is display only); the messages
+to persist and every ``workOrderComplete`` wait in an outbox and go out, in order, on reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import socketio
+from pydantic import ValidationError
+
+from shared.protocol import (
+    ABORT_WORK_ORDER,
+    DRONE_NAMESPACE,
+    WORK_ORDER,
+    WORK_ORDER_COMPLETE,
+    WORK_ORDER_PROGRESS,
+    AbortOrder,
+    ChatMessage,
+    MessageAdded,
+    TextDelta,
+    ToolActivity,
+    ToolCall,
+    WorkOrder,
+    describe,
+)
+
+from .service import AgentService
+
+log = logging.getLogger("hangar.drone")
+
+
+class DroneRefusedError(Exception):
+    """The relay refused this drone (a bad token, say); retrying cannot help."""
+
+
+@dataclass
+class DroneIdentity:
+    token: str
+    drone_id: str
+    name: str
+    provider: str
+    model: str
+    concurrency: int
+
+
+class TurnReport:
+    """``Report`` for one turn, sending through the drone's connection."""
+
+    def __init__(self, client: DroneClient, turn_id: str) -> None:
+        self.client = client
+        self.turn_id = turn_id
+
+    async def text(self, text: str, depth: int) -> None:
+        event = TextDelta(turn_id=self.turn_id, text=text, depth=depth)
+        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
+
+    async def message(self, message: ChatMessage) -> None:
+        event = MessageAdded(turn_id=self.turn_id, message=message)
+        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=True)
+
+    async def tool(self, call: ToolCall, state: str, depth: int, result: str | None = None) -> None:
+        event = ToolActivity(
+            turn_id=self.turn_id,
+            call_id=call.id,
+            name=call.name,
+            state=state,
+            arguments=call.arguments if state == "start" else None,
+            result=result,
+            depth=depth,
+        )
+        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
+
+
+class DroneClient:
+    def __init__(self, url: str, identity: DroneIdentity) -> None:
+        self.url = url
+        self.identity = identity
+        self.sio = socketio.AsyncClient(
+            reconnection=True,
+            reconnection_delay=0.2,
+            reconnection_delay_max=3,
+            randomization_factor=0.3,
+        )
+        self.service: AgentService | None = None
+        self.outbox: deque[tuple[str, Any]] = deque()
+        self.refusal: str | None = None
+        self.connected = asyncio.Event()
+        self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
+        self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
+        self.sio.on("connect_error", self._on_connect_error, namespace=DRONE_NAMESPACE)
+        self.sio.on(WORK_ORDER, self.on_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on(ABORT_WORK_ORDER, self.on_abort_work_order, namespace=DRONE_NAMESPACE)
+
+    # ---- Outlet for the service
+
+    def report_for(self, turn_id: str) -> TurnReport:
+        return TurnReport(self, turn_id)
+
+    async def complete(self, turn_id: str, success: bool, message: str) -> None:
+        await self.send(WORK_ORDER_COMPLETE, (turn_id, success, message), durable=True)
+
+    async def send(self, event: str, data: Any, *, durable: bool) -> None:
+        if self.connected.is_set() and not self.outbox:
+            try:
+                await self.sio.emit(event, data, namespace=DRONE_NAMESPACE)
+                return
+            except socketio.exceptions.SocketIOError:
+                pass
+        if durable:
+            self.outbox.append((event, data))
+
+    # ---- relay -> drone
+
+    async def on_work_order(self, data: Any = None) -> dict[str, Any]:
+        try:
+            order = WorkOrder.model_validate(data)
+        except ValidationError as error:
+            return {"ok": False, "error": describe(error)}
+        assert self.service is not None
+        answer = self.service.accept(order)
+        log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
+        return answer
+
+    async def on_abort_work_order(self, data: Any = None) -> tuple[bool, str]:
+        try:
+            request = AbortOrder.model_validate(data)
+        except ValidationError as error:
+            return False, describe(error)
+        assert self.service is not None
+        return self.service.abort(request.turn_id)
+
+    # ---- connection
+
+    def hello(self) -> dict[str, Any]:
+        """The ``auth`` sent at every (re)connect, with the turns still running here."""
+        running = list(self.service.running) if self.service else []
+        return {
+            "token": self.identity.token,
+            "droneId": self.identity.drone_id,
+            "name": self.identity.name,
+            "provider": self.identity.provider,
+            "model": self.identity.model,
+            "concurrency": self.identity.concurrency,
+            "running": running,
+        }
+
+    async def connect(self) -> None:
+        """Connect once; raise ``DroneRefusedError`` if the relay refuses this drone."""
+        try:
+            await self.sio.connect(
+                self.url,
+                auth=self.hello,
+                namespaces=[DRONE_NAMESPACE],
+                transports=["websocket"],
+                wait_timeout=10,
+            )
+        except socketio.exceptions.ConnectionError as error:
+            if self.refusal:
+                raise DroneRefusedError(self.refusal) from None
+            raise ConnectionError(f"Cannot reach the relay at {self.url}.") from error
+
+    async def wait_refused(self) -> str:
+        """Return when a reconnect is refused (the token was revoked, say)."""
+        while True:
+            await self.sio.wait()
+            if self.refusal:
+                return self.refusal
+
+    async def close(self) -> None:
+        await self.sio.disconnect()
+
+    async def _on_connect(self) -> None:
+        self.refusal = None
+        log.info("connected to relay %s as %s", self.url, self.identity.drone_id)
+        while self.outbox:
+            event, data = self.outbox[0]
+            try:
+                await self.sio.emit(event, data, namespace=DRONE_NAMESPACE)
+            except socketio.exceptions.SocketIOError:
+                return
+            self.outbox.popleft()
+        self.connected.set()
+
+    async def _on_disconnect(self, *reason: Any) -> None:
+        self.connected.clear()
+        log.warning("disconnected from relay %s", self.url)
+
+    async def _on_connect_error(self, data: Any = None) -> None:
+        # The relay's own refusals arrive as {"message": ...}; transport failures as text.
+        if isinstance(data, dict):
+            self.refusal = str(data.get("message") or "The relay refused this drone.")
+            log.error("relay refused this drone: %s", self.refusal)
+        else:
+            log.warning("cannot reach the relay: %s", data)

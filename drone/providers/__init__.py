@@ -1,0 +1,25 @@
+"""Model providers: the agent loop sees only ``Provider``; each SDK stays in its own module."""
+
+from .base import (
+    ChatEvent,
+    ChatOptions,
+    Provider,
+    ProviderError,
+    TextChunk,
+    ToolCallRequest,
+    ToolSpec,
+)
+from .ollama_provider import OllamaProvider
+from .openai_provider import OpenAIProvider
+
+__all__ = [
+    "ChatEvent",
+    "ChatOptions",
+    "OllamaProvider",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderError",
+    "TextChunk",
+    "ToolCallRequest",
+    "ToolSpec",
+]

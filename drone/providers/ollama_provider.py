@@ -1,0 +1,110 @@
+"""``Provider`` over the official ollama SDK (AsyncClient.chat stream)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
+
+import httpx
+import ollama
+from ollama import ChatResponse
+
+from shared.protocol import ChatMessage
+
+from .base import ChatEvent, ChatOptions, ProviderError, TextChunk, ToolCallRequest, ToolSpec
+
+
+class OllamaProvider:
+    name = "ollama"
+
+    def __init__(self, model: str, *, host: str | None = None, timeout: float = 600.0) -> None:
+        self.model = model
+        # ollama has no timeout by default: a dead server would hold a work order forever.
+        self.client = ollama.AsyncClient(host=host, timeout=httpx.Timeout(timeout, connect=10.0))
+
+    async def chat(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
+    ) -> AsyncIterator[ChatEvent]:
+        signal = options.signal
+        signal.throw_if_aborted()
+        try:
+            stream = await signal.race(
+                self.client.chat(
+                    model=options.model,
+                    messages=_messages(messages),
+                    tools=[_tool(t) for t in tools] or None,
+                    stream=True,
+                )
+            )
+            stream = cast(AsyncGenerator[ChatResponse, None], stream)
+        except (ollama.ResponseError, httpx.HTTPError) as error:
+            raise ProviderError(_describe(error)) from error
+        count = 0
+        try:
+            while True:
+                try:
+                    part = await signal.race(stream.__anext__())
+                except StopAsyncIteration:
+                    break
+                message = part.message
+                if message.content:
+                    yield TextChunk(message.content)
+                for call in message.tool_calls or []:
+                    count += 1
+                    yield ToolCallRequest(
+                        id=f"call_{count}",
+                        name=call.function.name,
+                        arguments=json.dumps(dict(call.function.arguments)),
+                    )
+        except (ollama.ResponseError, httpx.HTTPError) as error:
+            raise ProviderError(_describe(error)) from error
+        finally:
+            # Closing the generator exits the SDK's ``async with stream``: the connection closes.
+            await stream.aclose()
+
+    async def close(self) -> None:
+        await self.client._client.aclose()
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    }
+
+
+def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    names = {call.id: call.name for m in messages for call in (m.tool_calls or [])}
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            item["tool_calls"] = [
+                {"function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                for c in message.tool_calls
+            ]
+        if message.role == "tool" and message.tool_call_id:
+            item["tool_name"] = names.get(message.tool_call_id, message.name or "")
+        out.append(item)
+    return out
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, ollama.ResponseError):
+        return f"The Ollama server answered {error.status_code}: {error.error}"
+    if isinstance(error, httpx.TimeoutException):
+        return "The Ollama server timed out."
+    return "The Ollama server could not be reached."

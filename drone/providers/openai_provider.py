@@ -1,0 +1,133 @@
+"""``Provider`` over the official openai SDK (AsyncOpenAI, chat.completions stream)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import openai
+from openai import AsyncStream
+from openai.types.chat import ChatCompletionChunk
+
+from shared.protocol import ChatMessage
+
+from .base import ChatEvent, ChatOptions, ProviderError, TextChunk, ToolCallRequest, ToolSpec
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        self.model = model
+        self.client = openai.AsyncOpenAI(
+            api_key=api_key or "unused",
+            base_url=base_url,
+            max_retries=max_retries,
+            timeout=timeout,
+        )
+
+    async def chat(
+        self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
+    ) -> AsyncIterator[ChatEvent]:
+        signal = options.signal
+        signal.throw_if_aborted()
+        extra: dict[str, Any] = {"tools": [_tool(t) for t in tools]} if tools else {}
+        try:
+            # Raced: an abort before the response headers cancels the request and its retries.
+            response = await signal.race(
+                self.client.chat.completions.create(
+                    model=options.model,
+                    messages=[_message(m) for m in messages],  # type: ignore[misc]
+                    stream=True,
+                    **extra,
+                )
+            )
+            stream = cast(AsyncStream[ChatCompletionChunk], response)
+        except openai.APIError as error:
+            raise ProviderError(_describe(error)) from error
+        calls: dict[int, dict[str, str]] = {}
+        try:
+            while True:
+                try:
+                    chunk = await signal.race(stream.__anext__())
+                except StopAsyncIteration:
+                    break
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    if delta.content:
+                        yield TextChunk(delta.content)
+                    for piece in delta.tool_calls or []:
+                        call = calls.setdefault(
+                            piece.index, {"id": "", "name": "", "arguments": ""}
+                        )
+                        if piece.id:
+                            call["id"] = piece.id
+                        if piece.function and piece.function.name:
+                            call["name"] += piece.function.name
+                        if piece.function and piece.function.arguments:
+                            call["arguments"] += piece.function.arguments
+        except openai.APIError as error:
+            raise ProviderError(_describe(error)) from error
+        finally:
+            # A bare break would leave the HTTP stream open; closing it is the hard cancel.
+            await stream.close()
+        for index in sorted(calls):
+            call = calls[index]
+            yield ToolCallRequest(
+                id=call["id"] or f"call_{index}", name=call["name"], arguments=call["arguments"]
+            )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    }
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _describe(error: openai.APIError) -> str:
+    if isinstance(error, openai.APIStatusError):
+        detail = error.message
+        try:
+            body = error.response.json()
+            detail = body.get("error", {}).get("message") or detail
+        except (ValueError, AttributeError, json.JSONDecodeError):
+            pass
+        return f"The model service answered {error.status_code}: {detail}"
+    if isinstance(error, openai.APITimeoutError):
+        return "The model service timed out."
+    if isinstance(error, openai.APIConnectionError):
+        return "The model service could not be reached."
+    return f"The model service failed: {error}"

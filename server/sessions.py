@@ -1,0 +1,270 @@
+"""One object per connection: ``CodeSession`` for a browser, ``DroneSession`` for a drone.
+
+Each handler is named after its event (``on_abort_work_order`` handles ``abortWorkOrder``),
+validates its payload and answers a malformed one with an error ack, changing nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from http.cookies import SimpleCookie
+from typing import Any
+
+import socketio
+from pydantic import ValidationError
+
+from shared.protocol import (
+    DRONE_NAMESPACE,
+    DRONES,
+    HELLO,
+    IDE_NAMESPACE,
+    PROGRESS,
+    SESSIONS,
+    AbortWorkOrderRequest,
+    Completion,
+    DroneHello,
+    DroneView,
+    MessageAdded,
+    OpenSession,
+    SubmitWorkOrder,
+    TextDelta,
+    ToolActivity,
+    describe,
+)
+
+from .relay import Relay, owner_room
+
+log = logging.getLogger("hangar.sessions")
+
+IDENTITY_COOKIE = "hangar_identity"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
+
+
+def snake(event: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", event).lower()
+
+
+def browser_identity(environ: dict[str, Any], auth: Any) -> str:
+    """The owner id of a browser connection.
+
+    A secret token (socket.io ``auth.token``, else the identity cookie the page set) names the
+    person; a connection with neither gets a fresh identity of its own.
+    """
+    token = auth.get("token") if isinstance(auth, dict) else None
+    if not (isinstance(token, str) and _TOKEN.match(token)):
+        cookie = SimpleCookie(environ.get("HTTP_COOKIE", ""))
+        morsel = cookie.get(IDENTITY_COOKIE)
+        token = morsel.value if morsel and _TOKEN.match(morsel.value) else None
+    if token is None:
+        token = secrets.token_urlsafe(32)
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def one_payload(args: tuple[Any, ...]) -> Any:
+    """The single payload of an event: none means ``{}``; more than one is malformed."""
+    if not args:
+        return {}
+    if len(args) > 1:
+        raise ValueError("Expected one payload object.")
+    return args[0]
+
+
+class CodeSession:
+    """A browser connection: it may see and abort only its owner's turns."""
+
+    def __init__(self, relay: Relay, sid: str, owner: str) -> None:
+        self.relay = relay
+        self.sid = sid
+        self.owner = owner
+
+    async def on_submit_work_order(self, *args: Any) -> dict[str, Any]:
+        try:
+            request = SubmitWorkOrder.model_validate(one_payload(args))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": _refusal(error)}
+        return await self.relay.submit(self.owner, self.sid, request)
+
+    async def on_abort_work_order(self, *args: Any) -> tuple[bool, str]:
+        try:
+            request = AbortWorkOrderRequest.model_validate(one_payload(args))
+        except (ValidationError, ValueError) as error:
+            return False, _refusal(error)
+        return await self.relay.abort(self.owner, request)
+
+    async def on_open_session(self, *args: Any) -> dict[str, Any]:
+        try:
+            request = OpenSession.model_validate(one_payload(args))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": _refusal(error)}
+        return await self.relay.open_session(self.owner, self.sid, request.session_id)
+
+    async def on_list_sessions(self, *args: Any) -> dict[str, Any]:
+        return {"ok": True, "sessions": await self.relay.session_views(self.owner)}
+
+    async def on_list_drones(self, *args: Any) -> dict[str, Any]:
+        return {"ok": True, "drones": self.relay.drone_views()}
+
+
+class DroneSession:
+    """A drone connection. Its events are handled strictly in arrival order (see ``inbox``)."""
+
+    def __init__(self, relay: Relay, sid: str, hello: DroneHello) -> None:
+        self.relay = relay
+        self.sid = sid
+        self.drone_id = hello.drone_id
+        self.name = hello.name
+        self.provider = hello.provider
+        self.model = hello.model
+        self.concurrency = hello.concurrency
+        self.running: set[str] = set(hello.running)
+        self.replaced = False
+        # python-socketio runs every event in its own task; a queue drained by one task keeps a
+        # turn's progress, its final messages and its completion in the order the drone sent them.
+        self.inbox: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+        self.worker = asyncio.ensure_future(self._drain())
+
+    @property
+    def busy(self) -> bool:
+        return len(self.running) >= self.concurrency
+
+    def view(self) -> DroneView:
+        return DroneView(
+            drone_id=self.drone_id,
+            name=self.name,
+            provider=self.provider,
+            model=self.model,
+            concurrency=self.concurrency,
+            running=sorted(self.running),
+            busy=self.busy,
+        )
+
+    def on_work_order_progress(self, *args: Any) -> dict[str, Any]:
+        try:
+            event: TextDelta | MessageAdded | ToolActivity = PROGRESS.validate_python(
+                one_payload(args)
+            )
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": _refusal(error)}
+        refusal = self.relay.owns(self, event.turn_id)
+        if refusal is not None:
+            return {"ok": False, "error": refusal}
+        self.inbox.put_nowait(lambda: self.relay.progress(event))
+        return {"ok": True}
+
+    def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
+        if len(args) != 3:
+            return {"ok": False, "error": "Expected (turnId, success, message)."}
+        try:
+            completion = Completion(turn_id=args[0], success=args[1], message=args[2])
+        except ValidationError as error:
+            return {"ok": False, "error": _refusal(error)}
+        refusal = self.relay.owns(self, completion.turn_id)
+        if refusal is not None:
+            log.info("completion refused turn=%s: %s", completion.turn_id, refusal)
+            return {"ok": False, "error": refusal}
+        self.inbox.put_nowait(lambda: self.relay.complete(completion))
+        return {"ok": True}
+
+    async def close(self) -> None:
+        """Finish what the drone sent before it left, then let the relay end its turns."""
+        self.inbox.put_nowait(None)
+        await self.worker
+        await self.relay.drone_left(self)
+
+    async def _drain(self) -> None:
+        while (job := await self.inbox.get()) is not None:
+            try:
+                await job()
+            except Exception:
+                log.exception("drone event failed drone=%s", self.drone_id)
+
+
+def _refusal(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        return describe(error)
+    return f"Invalid payload ({error})"
+
+
+Handler = Callable[..., Any]
+
+
+class _Namespace(socketio.AsyncNamespace):  # type: ignore[misc]
+    """Routes each event to the method of the connection's session object named after it."""
+
+    def __init__(self, namespace: str, relay: Relay) -> None:
+        super().__init__(namespace)
+        self.relay = relay
+        self.sessions: dict[str, Any] = {}
+
+    async def trigger_event(self, event: str, *args: Any) -> Any:
+        if event == "connect":
+            sid, environ, auth = (*args, None)[:3]
+            return await self.connect(sid, environ, auth)
+        if event == "disconnect":
+            await self.disconnect(args[0])
+            return None
+        sid, payload = args[0], args[1:]
+        session = self.sessions.get(sid)
+        handler: Handler | None = getattr(session, "on_" + snake(event), None)
+        if handler is None:
+            return {"ok": False, "error": f"Unknown event {event!r}."}
+        try:
+            result = handler(*payload)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except Exception:
+            log.exception("event %s failed", event)
+            return {"ok": False, "error": "The relay could not handle that event."}
+
+    async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
+        raise NotImplementedError
+
+    async def disconnect(self, sid: str) -> None:
+        raise NotImplementedError
+
+
+class IdeNamespace(_Namespace):
+    def __init__(self, relay: Relay) -> None:
+        super().__init__(IDE_NAMESPACE, relay)
+
+    async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
+        owner = browser_identity(environ, auth)
+        self.sessions[sid] = CodeSession(self.relay, sid, owner)
+        await self.enter_room(sid, owner_room(owner))
+        await self.emit(HELLO, {"browserId": owner[:12]}, to=sid)
+        await self.emit(DRONES, self.relay.drone_views(), to=sid)
+        await self.emit(SESSIONS, await self.relay.session_views(owner), to=sid)
+
+    async def disconnect(self, sid: str) -> None:
+        self.sessions.pop(sid, None)
+
+
+class DroneNamespace(_Namespace):
+    def __init__(self, relay: Relay) -> None:
+        super().__init__(DRONE_NAMESPACE, relay)
+
+    async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
+        if not isinstance(auth, dict) or not isinstance(auth.get("token"), str):
+            raise socketio.exceptions.ConnectionRefusedError("A drone token is required.")
+        if not hmac.compare_digest(auth["token"].encode(), self.relay.drone_token.encode()):
+            raise socketio.exceptions.ConnectionRefusedError("Invalid drone token.")
+        try:
+            hello = DroneHello.model_validate(auth)
+        except ValidationError as error:
+            raise socketio.exceptions.ConnectionRefusedError(describe(error)) from None
+        drone = DroneSession(self.relay, sid, hello)
+        self.sessions[sid] = drone
+        self.relay.drone_joined(drone)
+        await self.relay.broadcast_drones()
+
+    async def disconnect(self, sid: str) -> None:
+        drone = self.sessions.pop(sid, None)
+        if isinstance(drone, DroneSession):
+            await drone.close()

@@ -1,0 +1,218 @@
+"""The wire protocol: namespaces, event names and payload models both ends import.
+
+Payloads travel as JSON with camelCase keys (``turnId``); the models accept and emit exactly that.
+Every model forbids unknown keys, so a malformed payload is refused instead of half-read.
+``docs/protocol.md`` documents every event with an example; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic.alias_generators import to_camel
+
+IDE_NAMESPACE = "/ide"
+DRONE_NAMESPACE = "/drone"
+
+# browser -> relay (all acknowledged)
+SUBMIT_WORK_ORDER = "submitWorkOrder"
+ABORT_WORK_ORDER = "abortWorkOrder"  # also relay -> drone
+LIST_SESSIONS = "listSessions"
+OPEN_SESSION = "openSession"
+LIST_DRONES = "listDrones"
+# relay -> browser
+HELLO = "hello"
+TURN_STARTED = "turnStarted"
+WORK_ORDER_PROGRESS = "workOrderProgress"  # also drone -> relay
+WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
+DRONES = "drones"
+SESSIONS = "sessions"
+# relay -> drone
+WORK_ORDER = "workOrder"
+
+ABORTED = "aborted"
+"""The message of ``workOrderComplete(turnId, True, "aborted")``."""
+
+ABORT_SIGNALED = "Abort signaled"
+NO_ACTIVE_WORK_ORDER = "No active work order to abort"
+DRONE_OFFLINE = "Drone is offline"
+UNKNOWN_TURN = "Unknown turn"
+NOT_YOUR_TURN = "Not your turn"
+TOOL_CANCELLED = "Tool execution was cancelled by user."
+
+MAX_PROMPT_CHARS = 100_000
+
+TurnStatus = Literal["processing", "finished", "aborted", "error"]
+TERMINAL_STATUSES: tuple[TurnStatus, ...] = ("finished", "aborted", "error")
+
+
+class Wire(BaseModel):
+    """Base of every payload: camelCase on the wire, unknown keys refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict to emit."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class ToolCall(Wire):
+    id: Id
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str = Field(default="{}", max_length=1_000_000)
+    """The arguments as the model produced them: a JSON object in a string."""
+
+
+class ChatMessage(Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(default="", max_length=10_000_000)
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Id | None = None
+    name: str | None = None
+    aborted: bool | None = None
+    """Set on an assistant message cut short by an abort: its content is partial."""
+
+
+# ---- browser -> relay
+
+
+class SubmitWorkOrder(Wire):
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    session_id: Id | None = None
+    """Omit to start a new chat session."""
+    drone_id: Id | None = None
+    """Omit to let the relay pick an idle drone."""
+
+
+class AbortWorkOrderRequest(Wire):
+    turn_id: Id | None = None
+    """Omit to abort the processing turn of ``session_id`` (or of the person's sessions)."""
+    session_id: Id | None = None
+
+
+class OpenSession(Wire):
+    session_id: Id
+
+
+# ---- relay <-> browser views
+
+
+class DroneView(Wire):
+    drone_id: str
+    name: str
+    provider: str
+    model: str
+    concurrency: int
+    running: list[str]
+    busy: bool
+
+
+class SessionView(Wire):
+    session_id: str
+    title: str
+    created_at: float
+    processing_turn_id: str | None = None
+
+
+class TurnView(Wire):
+    turn_id: str
+    session_id: str
+    prompt: str
+    status: TurnStatus
+    result: str | None = None
+    """The ``workOrderComplete`` message once the turn has ended."""
+    text: str = ""
+    """The assistant text streamed so far (partial if aborted)."""
+    drone_id: str | None = None
+    created_at: float
+    messages: list[ChatMessage] = Field(default_factory=list)
+
+
+# ---- relay -> drone
+
+
+class WorkOrder(Wire):
+    turn_id: Id
+    session_id: Id
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    history: list[ChatMessage] = Field(default_factory=list)
+
+
+class AbortOrder(Wire):
+    turn_id: Id
+
+
+# ---- drone -> relay progress (discriminated by ``kind``)
+
+
+class TextDelta(Wire):
+    kind: Literal["text"] = "text"
+    turn_id: Id
+    text: str = Field(max_length=1_000_000)
+    depth: int = Field(default=0, ge=0, le=16)
+    """0 for the work order's own agent, n for a sub-agent n levels down."""
+
+
+class MessageAdded(Wire):
+    """A finished message to append to the session's history (the relay persists it)."""
+
+    kind: Literal["message"] = "message"
+    turn_id: Id
+    message: ChatMessage
+
+
+class ToolActivity(Wire):
+    kind: Literal["tool"] = "tool"
+    turn_id: Id
+    call_id: Id
+    name: str = Field(min_length=1, max_length=128)
+    state: Literal["start", "end", "cancelled", "error"]
+    arguments: str | None = Field(default=None, max_length=1_000_000)
+    result: str | None = Field(default=None, max_length=1_000_000)
+    depth: int = Field(default=0, ge=0, le=16)
+
+
+Progress = Annotated[TextDelta | MessageAdded | ToolActivity, Field(discriminator="kind")]
+PROGRESS = TypeAdapter(Progress)
+
+
+class DroneHello(Wire):
+    """The socket.io ``auth`` a drone connects with."""
+
+    token: str = Field(min_length=1, max_length=512)
+    drone_id: Id
+    name: str = Field(min_length=1, max_length=128)
+    provider: str = Field(min_length=1, max_length=64)
+    model: str = Field(min_length=1, max_length=256)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    running: list[Id] = Field(default_factory=list)
+    """Turns the drone is still running (non-empty after a reconnect)."""
+
+
+class Completion(Wire):
+    """The three positional arguments of ``workOrderComplete`` as one checked value."""
+
+    turn_id: Id
+    success: StrictBool
+    message: str = Field(max_length=100_000)
+
+    @property
+    def status(self) -> TurnStatus:
+        if not self.success:
+            return "error"
+        return "aborted" if self.message == ABORTED else "finished"
+
+
+def describe(error: ValidationError) -> str:
+    """A one-line, person-readable summary of why a payload was refused."""
+    parts = []
+    for item in error.errors()[:3]:
+        where = ".".join(str(p) for p in item["loc"]) or "payload"
+        parts.append(f"{where}: {item['msg']}")
+    return "Invalid payload (" + "; ".join(parts) + ")."
