@@ -83,6 +83,7 @@ class DroneClient:
         self.url = url
         self.identity = identity
         self.sio = socketio.AsyncClient(
+            handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
             reconnection=True,
             reconnection_delay=0.2,
             reconnection_delay_max=3,
@@ -174,7 +175,14 @@ class DroneClient:
                 return self.refusal
 
     async def close(self) -> None:
-        await self.sio.disconnect()
+        try:
+            await self.sio.disconnect()
+        except asyncio.CancelledError:
+            # engineio awaits its own read loop, which it may have cancelled; only a
+            # cancellation of this task itself is passed on.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
 
     async def _on_connect(self) -> None:
         self.refusal = None
@@ -196,6 +204,6 @@ class DroneClient:
         # The relay's own refusals arrive as {"message": ...}; transport failures as text.
         if isinstance(data, dict):
             self.refusal = str(data.get("message") or "The relay refused this drone.")
-            log.error("relay refused this drone: %s", self.refusal)
+            log.debug("relay refused this drone: %s", self.refusal)
         else:
-            log.warning("cannot reach the relay: %s", data)
+            log.debug("cannot reach the relay: %s", data)

@@ -22,6 +22,7 @@ log = logging.getLogger("hangar.relay")
 WEB_DIR = Path(os.environ.get("HANGAR_WEB_DIR", Path(__file__).resolve().parent.parent / "web"))
 SOCKET_IO_CLIENT = "node_modules/socket.io-client/dist/socket.io.esm.min.js"
 MAX_PAYLOAD_BYTES = 2_000_000
+RELAY = web.AppKey("relay", Relay)
 
 
 @dataclass
@@ -61,8 +62,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     )
     sio.register_namespace(IdeNamespace(relay))
     sio.register_namespace(DroneNamespace(relay))
-    app["relay"] = relay
-    app["config"] = config
+    app[RELAY] = relay
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await relay.store.open()
@@ -116,7 +116,7 @@ async def socket_io_client(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    relay: Relay = request.app["relay"]
+    relay = request.app[RELAY]
     return web.json_response(
         {"ok": True, "drones": len(relay.drones), "processing": len(relay.live)}
     )

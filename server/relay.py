@@ -11,7 +11,9 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import socketio
@@ -208,9 +210,7 @@ class Relay:
         )
         if success and turn_id in self.live and not live.abort_acknowledged:
             live.abort_acknowledged = True
-            live.watchdog = asyncio.get_running_loop().call_later(
-                self.abort_grace, self._spawn, self._abort_watchdog(turn_id)
-            )
+            live.watchdog = self._after(self.abort_grace, partial(self._abort_watchdog, turn_id))
         return success, message
 
     async def open_session(self, owner: str, sid: str, session_id: str) -> dict[str, Any]:
@@ -270,8 +270,8 @@ class Relay:
             if self.drone_grace <= 0:
                 await self.end_turn(turn_id, "error", "The drone disconnected.")
             else:
-                live.orphaned = asyncio.get_running_loop().call_later(
-                    self.drone_grace, self._spawn, self._orphan_timeout(turn_id)
+                live.orphaned = self._after(
+                    self.drone_grace, partial(self._orphan_timeout, turn_id)
                 )
         await self.broadcast_drones()
 
@@ -387,10 +387,17 @@ class Relay:
             namespace=IDE_NAMESPACE,
         )
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _after(
+        self, delay: float, ending: Callable[[], Coroutine[Any, Any, None]]
+    ) -> asyncio.TimerHandle:
+        """Run ``ending()`` as a task after ``delay`` seconds (cancel the handle to skip it)."""
+
+        def start() -> None:
+            task = asyncio.ensure_future(ending())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return asyncio.get_running_loop().call_later(delay, start)
 
 
 def _abort_answer(answer: Any) -> tuple[bool, str]:

@@ -1,0 +1,251 @@
+"""Bad inputs and missing parts: each gets a clear answer, and nothing stored changes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import socketio
+
+from shared.protocol import (
+    ABORT_SIGNALED,
+    DRONE_NAMESPACE,
+    DRONE_OFFLINE,
+    NO_ACTIVE_WORK_ORDER,
+    NOT_YOUR_TURN,
+    UNKNOWN_TURN,
+)
+from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, Upstream, eventually
+from tests.peers import OpenAIPeer, Reply
+
+SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
+
+
+async def test_submit_with_no_drone_online_ends_the_turn_in_error(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    ack = await browser.submit("Anyone there?")
+
+    assert ack["ok"] is True
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], False, "No drone is online.")
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None and turn.status == "error"
+
+
+async def test_submit_to_a_named_drone_that_is_offline_says_so(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    ack = await browser.submit("Hello", droneId="ghost-1")
+
+    _, success, message = await browser.completion(ack["turnId"])
+    assert (success, message) == (False, "The drone ghost-1 is offline.")
+
+
+async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_offline(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[str]],
+    browser: Browser,
+) -> None:
+    openai_peer.script(SLOW)
+    process = drone_process(Upstream("openai", openai_peer))
+    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone process")
+    turn_id = (await browser.submit("Stream for a while"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    process.send_signal(signal.SIGKILL)
+    await eventually(lambda: not relay.relay.drones, what="the relay to notice")
+
+    assert await browser.abort(turn_id) == (False, DRONE_OFFLINE)
+    assert await browser.completion(turn_id) == (turn_id, False, "The drone disconnected.")
+    turn = await relay.relay.store.get_turn(turn_id)
+    assert turn is not None and turn.status == "error"
+    assert turn.text == browser.text(turn_id)
+
+
+@pytest.mark.parametrize(
+    ("auth", "reason"),
+    [
+        (None, "A drone token is required."),
+        ({"token": "wrong"}, "Invalid drone token."),
+    ],
+)
+async def test_a_drone_with_a_bad_token_is_refused_with_a_reason(
+    relay: RelayHandle, auth: dict[str, str] | None, reason: str
+) -> None:
+    client = socketio.AsyncClient(reconnection=False)
+    errors: list[Any] = []
+    client.on("connect_error", errors.append, namespace=DRONE_NAMESPACE)
+
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await client.connect(
+            relay.url, namespaces=[DRONE_NAMESPACE], auth=auth, transports=["websocket"]
+        )
+
+    assert errors == [{"message": reason}]
+    assert not relay.relay.drones
+
+
+async def test_the_drone_command_exits_with_one_clear_line_on_a_bad_token(
+    relay: RelayHandle,
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", "drone", "--server", relay.url,
+        "--token", "wrong", "--provider", "openai", "--base-url", "http://127.0.0.1:9/v1",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), 30)
+
+    assert process.returncode == 2
+    lines = stderr.decode().strip().splitlines()
+    assert lines[-1] == "hangar drone: the relay refused this drone: Invalid drone token."
+    assert "Traceback" not in stderr.decode()
+
+
+async def test_a_browser_cannot_see_or_abort_another_browsers_turn(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Callable[..., Any],
+) -> None:
+    openai_peer.script(SLOW)
+    await start_drone(Upstream("openai", openai_peer))
+    owner: Browser = await browsers()
+    stranger: Browser = await browsers()
+    ack = await owner.submit("Mine")
+    await owner.wait_text(ack["turnId"], pieces=1)
+
+    assert await stranger.abort(ack["turnId"]) == (False, NOT_YOUR_TURN)
+    assert await stranger.abort() == (False, NO_ACTIVE_WORK_ORDER)
+    opened = await stranger.call("openSession", {"sessionId": ack["sessionId"]})
+    assert opened == {"ok": False, "error": "Unknown session."}
+    refused = await stranger.submit("Into yours", sessionId=ack["sessionId"])
+    assert refused == {"ok": False, "error": "Unknown session."}
+
+    assert not stranger.progress(ack["turnId"])
+    assert await owner.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert await owner.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+
+
+async def test_the_same_identity_token_sees_its_sessions_from_a_new_connection(
+    relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    token = "a-person-token-0123456789abcdefghijklmnop"
+    first: Browser = await browsers(token)
+    ack = await first.submit("Remember me")
+    await first.completion(ack["turnId"])
+
+    again: Browser = await browsers(token)
+    listed = await again.call("listSessions", {})
+
+    assert [s["sessionId"] for s in listed["sessions"]] == [ack["sessionId"]]
+
+
+async def test_abort_of_an_unknown_turn_is_refused(relay: RelayHandle, browser: Browser) -> None:
+    assert await browser.abort("t_doesnotexist") == (False, UNKNOWN_TURN)
+
+
+@pytest.mark.parametrize(
+    ("event", "payload"),
+    [
+        ("submitWorkOrder", {}),
+        ("submitWorkOrder", {"prompt": ""}),
+        ("submitWorkOrder", {"prompt": 42}),
+        ("submitWorkOrder", {"prompt": "hi", "unexpected": True}),
+        ("submitWorkOrder", "just a string"),
+        ("submitWorkOrder", {"prompt": "hi", "sessionId": "../../etc"}),
+        ("submitWorkOrder", {"prompt": "x" * 100_001}),
+        ("openSession", {}),
+        ("openSession", [1, 2]),
+    ],
+)
+async def test_malformed_browser_payloads_get_an_error_ack_and_change_nothing(
+    relay: RelayHandle, browser: Browser, event: str, payload: Any
+) -> None:
+    ack = await browser.call(event, payload)
+
+    assert ack["ok"] is False and ack["error"].startswith("Invalid payload")
+    assert await relay.relay.store.list_sessions(browser_owner(relay)) == []
+    assert await relay.relay.store.processing_turns() == []
+
+
+@pytest.mark.parametrize("payload", ["nope", {"turnId": 7}, {"turnId": "a b"}, {"other": 1}])
+async def test_malformed_abort_payloads_get_an_error_ack(
+    relay: RelayHandle, browser: Browser, payload: Any
+) -> None:
+    answer = await browser.call("abortWorkOrder", payload)
+    assert answer[0] is False and answer[1].startswith("Invalid payload")
+
+
+async def test_an_unknown_browser_event_gets_an_error_ack(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    assert await browser.call("launchMissiles", {}) == {
+        "ok": False,
+        "error": "Unknown event 'launchMissiles'.",
+    }
+
+
+async def test_a_drone_cannot_report_on_a_turn_it_does_not_run(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+) -> None:
+    openai_peer.script(SLOW)
+    await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Real work")
+    await browser.wait_text(ack["turnId"], pieces=1)
+    rogue = socketio.AsyncClient(reconnection=False)
+    await rogue.connect(
+        relay.url,
+        namespaces=[DRONE_NAMESPACE],
+        transports=["websocket"],
+        auth={
+            "token": DRONE_TOKEN,
+            "droneId": "rogue-1",
+            "name": "rogue",
+            "provider": "openai",
+            "model": "m",
+        },
+    )
+    try:
+        completion = await rogue.call(
+            "workOrderComplete", (ack["turnId"], True, "done"), namespace=DRONE_NAMESPACE
+        )
+        progress = await rogue.call(
+            "workOrderProgress",
+            {"kind": "text", "turnId": ack["turnId"], "text": "injected"},
+            namespace=DRONE_NAMESPACE,
+        )
+        unknown = await rogue.call(
+            "workOrderComplete", ("t_nope", True, "done"), namespace=DRONE_NAMESPACE
+        )
+        malformed = await rogue.call(
+            "workOrderProgress", {"kind": "bogus"}, namespace=DRONE_NAMESPACE
+        )
+        wrong_shape = await rogue.call(
+            "workOrderComplete", (ack["turnId"], "yes", 3), namespace=DRONE_NAMESPACE
+        )
+    finally:
+        await rogue.disconnect()
+
+    assert completion == {"ok": False, "error": NOT_YOUR_TURN}
+    assert progress == {"ok": False, "error": NOT_YOUR_TURN}
+    assert unknown == {"ok": False, "error": UNKNOWN_TURN}
+    assert malformed["ok"] is False and malformed["error"].startswith("Invalid payload")
+    assert wrong_shape["ok"] is False and wrong_shape["error"].startswith("Invalid payload")
+    assert "injected" not in browser.text(ack["turnId"])
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None and turn.status == "processing"
+
+
+def browser_owner(relay: RelayHandle) -> str:
+    sessions = next(iter(relay.relay.sio.namespace_handlers["/ide"].sessions.values()))
+    owner: str = sessions.owner
+    return owner

@@ -1,0 +1,198 @@
+"""Work orders through a real relay and a real drone, streaming from a local upstream peer.
+
+Each test is run once per provider (openai SDK against an SSE peer, ollama SDK against an
+NDJSON peer) where the ``upstream`` fixture is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from server.store import TurnRecord
+from shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
+from tests.conftest import Browser, RelayHandle, Upstream
+from tests.peers import Reply
+
+SLOW = Reply(chunks=[f"word{i} " for i in range(200)], delay=0.03)
+
+
+async def stored(relay: RelayHandle, turn_id: str) -> TurnRecord:
+    turn = await relay.relay.store.get_turn(turn_id)
+    assert turn is not None
+    return turn
+
+
+async def test_work_order_streams_to_completion(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["The ", "answer ", "is ", "42."], delay=0.01))
+    await start_drone(upstream)
+
+    ack = await browser.submit("What is the answer?")
+    assert ack["ok"] is True
+    turn_id = ack["turnId"]
+    _, success, message = await browser.completion(turn_id)
+
+    assert success is True and message == "The answer is 42."
+    assert [p["text"] for p in browser.progress(turn_id)] == ["The ", "answer ", "is ", "42."]
+    turn = await stored(relay, turn_id)
+    assert turn.status == "finished"
+    assert turn.text == "The answer is 42."
+    assert [(m.role, m.content) for m in turn.messages] == [
+        ("user", "What is the answer?"),
+        ("assistant", "The answer is 42."),
+    ]
+    assert upstream.peer.last is not None and upstream.peer.last.completed
+
+
+async def test_abort_mid_stream_closes_upstream_and_keeps_partial_text(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(SLOW)
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Write a long essay"))["turnId"]
+    await browser.wait_text(turn_id, pieces=3)
+
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+
+    assert browser.order_of(turn_id) == ["abortAck", "workOrderComplete"]
+    await upstream.peer.wait_for_disconnect()
+    assert not upstream.peer.last.completed  # type: ignore[union-attr]
+    assert len(upstream.peer.requests) == 1, "an aborted request must not be retried"
+    turn = await stored(relay, turn_id)
+    assert turn.status == "aborted" and turn.result == "aborted"
+    assert turn.text and SLOW.text.startswith(turn.text) and turn.text != SLOW.text
+    assert turn.messages[-1].role == "assistant" and turn.messages[-1].aborted is True
+    assert turn.messages[-1].content == turn.text
+
+
+async def test_abort_during_stall_before_first_chunk_closes_upstream_at_once(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["never"], stall_before=60))
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Think hard"))["turnId"]
+    await upstream.peer.wait_for_requests(1)
+
+    aborted_at = time.monotonic()
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    disconnected_at = await upstream.peer.wait_for_disconnect(timeout=5)
+
+    assert disconnected_at - aborted_at < 2.0, "the stall must not hold the abort"
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    turn = await stored(relay, turn_id)
+    assert turn.status == "aborted"
+    assert [m.role for m in turn.messages] == ["user"]
+
+
+async def test_abort_during_stall_mid_stream_closes_upstream_at_once(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["Half ", "an ", "answer"], stall_after=(2, 60)))
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Answer slowly"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    aborted_at = time.monotonic()
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    disconnected_at = await upstream.peer.wait_for_disconnect(timeout=5)
+
+    assert disconnected_at - aborted_at < 2.0
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    turn = await stored(relay, turn_id)
+    assert turn.status == "aborted" and turn.text == "Half an "
+    assert turn.messages[-1].content == "Half an " and turn.messages[-1].aborted
+
+
+async def test_abort_with_nothing_running_is_refused(
+    relay: RelayHandle, openai_peer: Any, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    await start_drone(Upstream("openai", openai_peer))
+    assert await browser.abort() == (False, NO_ACTIVE_WORK_ORDER)
+
+
+async def test_abort_after_the_turn_finished_changes_nothing(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Say hello"))["turnId"]
+    assert (await browser.completion(turn_id))[1:] == (True, "Hello world")
+
+    assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
+
+    assert (await stored(relay, turn_id)).status == "finished"
+    await _next_turn_finishes(browser, turn_id)
+    assert len(browser.completions(turn_id)) == 1
+
+
+async def test_abort_twice_is_idempotent_and_ends_the_turn_once(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(SLOW)
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Go on and on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    first, second = await asyncio.gather(browser.abort(turn_id), browser.abort(turn_id))
+
+    assert first == (True, ABORT_SIGNALED)
+    assert second in ((True, ABORT_SIGNALED), (False, NO_ACTIVE_WORK_ORDER))
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
+    await _next_turn_finishes(browser, turn_id)
+    assert len(browser.completions(turn_id)) == 1
+    assert (await stored(relay, turn_id)).status == "aborted"
+
+
+async def test_next_work_order_after_an_abort_sends_a_valid_history(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(SLOW, Reply(chunks=["Sure, ", "a short one."]))
+    await start_drone(upstream)
+    first = await browser.submit("Write a long essay")
+    await browser.wait_text(first["turnId"], pieces=3)
+    await browser.abort(first["turnId"])
+    await browser.completion(first["turnId"])
+    partial = (await stored(relay, first["turnId"])).text
+
+    second = await browser.submit("Shorter, please", sessionId=first["sessionId"])
+    assert await browser.completion(second["turnId"]) == (
+        second["turnId"],
+        True,
+        "Sure, a short one.",
+    )
+
+    sent = upstream.peer.requests[-1].messages
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "Write a long essay"),
+        ("assistant", partial),
+        ("user", "Shorter, please"),
+    ]
+    assert upstream.peer.requests[-1].rejected is None
+    assert (await stored(relay, second["turnId"])).status == "finished"
+
+
+async def test_an_upstream_error_ends_the_turn_in_error_with_a_reason(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(*[Reply(status=500, error_message="model exploded")] * 3)
+    await start_drone(upstream, max_retries=0)
+    turn_id = (await browser.submit("Hello"))["turnId"]
+
+    _, success, message = await browser.completion(turn_id)
+
+    assert success is False
+    assert "500" in message and "model exploded" in message
+    assert (await stored(relay, turn_id)).status == "error"
+
+
+async def _next_turn_finishes(browser: Browser, previous_turn_id: str) -> None:
+    """Submit another work order in a new session and wait for it: any duplicate completion of
+    ``previous_turn_id`` sent before it would have arrived by then (events keep their order)."""
+    ack = await browser.submit("One more")
+    _, success, _ = await browser.completion(ack["turnId"])
+    assert success is True

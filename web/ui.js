@@ -1,0 +1,122 @@
+// Small DOM helpers shared by the UI modules. Text always goes in as text nodes, never as HTML.
+
+/**
+ * Create an element. `attrs` keys: `class`, `dataset` (object), `style` (object of CSS
+ * properties, custom properties allowed), `on<event>` (listener), `hidden`/`disabled`
+ * (booleans); anything else becomes an attribute. Children may be nodes, strings or
+ * null/false (skipped); strings become text nodes.
+ */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else if (key === "style") {
+      for (const [prop, v] of Object.entries(value)) el.style.setProperty(prop, String(v));
+    } else if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2).toLowerCase(), value);
+    } else if (value === true) el.setAttribute(key, "");
+    else el.setAttribute(key, String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    if (Array.isArray(child)) append(el, child);
+    else if (child instanceof Node) el.append(child);
+    else el.append(document.createTextNode(String(child)));
+  }
+}
+
+/** Shorten `text` to at most `max` characters on one line. */
+export function preview(text, max = 80) {
+  const oneLine = String(text ?? "").replace(/\s+/g, " ").trim();
+  return oneLine.length > max ? `${oneLine.slice(0, max - 1)}…` : oneLine;
+}
+
+/** A compact one-line rendering of tool arguments (a JSON object in a string). */
+export function argsPreview(raw, max = 80) {
+  if (raw === undefined || raw === null || raw === "") return "";
+  let parsed;
+  try {
+    parsed = JSON.parse(raw);
+  } catch {
+    return preview(raw, max);
+  }
+  if (parsed && typeof parsed === "object" && !Array.isArray(parsed)) {
+    const parts = Object.entries(parsed).map(([k, v]) => {
+      const val = typeof v === "string" ? JSON.stringify(v) : JSON.stringify(v) ?? String(v);
+      return `${k}: ${val}`;
+    });
+    return preview(parts.join(", "), max);
+  }
+  return preview(JSON.stringify(parsed), max);
+}
+
+/** "14:05" for today, "3 Mar 14:05" otherwise. `epochSeconds` may be a float. */
+export function formatTime(epochSeconds) {
+  if (typeof epochSeconds !== "number" || !Number.isFinite(epochSeconds)) return "";
+  const d = new Date(epochSeconds * 1000);
+  const now = new Date();
+  const time = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  if (d.toDateString() === now.toDateString()) return time;
+  const date = d.toLocaleDateString([], { day: "numeric", month: "short" });
+  return `${date} ${time}`;
+}
+
+export function fullTime(epochSeconds) {
+  if (typeof epochSeconds !== "number" || !Number.isFinite(epochSeconds)) return "";
+  return new Date(epochSeconds * 1000).toLocaleString();
+}
+
+// ---- toasts
+
+const TOAST_MS = 4000;
+const ERROR_TOAST_MS = 7000;
+
+/**
+ * Show a toast in `#toasts`. Returns a handle with `dismiss()`. The toast's text content is
+ * exactly `message` (the close control is drawn with CSS).
+ */
+export function toast(message, { error = false, duration } = {}) {
+  const container = document.getElementById("toasts");
+  const el = h("div", {
+    class: error ? "toast error" : "toast",
+    role: error ? "alert" : "status",
+  });
+  const text = h("span", { class: "toast-text" }, message);
+  const close = h("button", {
+    type: "button",
+    class: "toast-close",
+    "aria-label": "Dismiss notification",
+    title: "Dismiss",
+  });
+  el.append(text, close);
+
+  let timer = null;
+  let gone = false;
+  const dismiss = () => {
+    if (gone) return;
+    gone = true;
+    clearTimeout(timer);
+    el.classList.add("leaving");
+    // Remove after the fade; remove at once when motion is reduced or the element is hidden.
+    const remove = () => el.remove();
+    el.addEventListener("animationend", remove, { once: true });
+    setTimeout(remove, 250);
+  };
+  close.addEventListener("click", dismiss);
+  container?.append(el);
+  const ms = duration ?? (error ? ERROR_TOAST_MS : TOAST_MS);
+  if (ms > 0) timer = setTimeout(dismiss, ms);
+  return { el, dismiss };
+}
+
+/** Is the scroll container within `slack` px of its bottom? */
+export function nearBottom(el, slack = 80) {
+  return el.scrollHeight - el.scrollTop - el.clientHeight <= slack;
+}
