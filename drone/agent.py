@@ -40,7 +40,8 @@ class Report(Protocol):
 
 
 class ToolRunner(Protocol):
-    specs: list[ToolSpec]
+    @property
+    def specs(self) -> list[ToolSpec]: ...
 
     async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
         """Run one tool call; raise ``AbortError`` if the signal cut it short."""

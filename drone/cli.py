@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from .client import DroneClient, DroneIdentity, DroneRefusedError
 from .providers import OllamaProvider, OpenAIProvider, Provider
@@ -35,6 +36,8 @@ class DroneConfig:
     concurrency: int = 1
     deadline: float | None = 1800.0
     max_retries: int = 2
+    workdir: str | None = "."
+    """Where the drone's tools read, write and run commands; None disables tools."""
 
     def drone_id(self) -> str:
         """Stable for the life of this process, so a reconnect is recognised as the same drone."""
@@ -91,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="work orders run at once (HANGAR_CONCURRENCY; default %(default)s)",
     )
     parser.add_argument(
+        "--workdir",
+        default=env("HANGAR_WORKDIR", "."),
+        help="the only directory the drone's tools may touch (HANGAR_WORKDIR; default: the "
+        "current directory)",
+    )
+    parser.add_argument(
         "--deadline",
         type=float,
         default=float(env("HANGAR_DEADLINE", "1800")),
@@ -111,6 +120,7 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
         ollama_host=args.ollama_host,
         concurrency=args.concurrency,
         deadline=args.deadline or None,
+        workdir=args.workdir,
     )
 
 
@@ -145,7 +155,11 @@ async def run_drone(config: DroneConfig, stop: asyncio.Event | None = None) -> i
         ),
     )
     service = AgentService(
-        provider, client, concurrency=config.concurrency, deadline=config.deadline
+        provider,
+        client,
+        concurrency=config.concurrency,
+        deadline=config.deadline,
+        workdir=Path(config.workdir) if config.workdir else None,
     )
     client.service = service
     stop = stop or asyncio.Event()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from shared.abort import AbortController, AbortError, AbortTimeoutError, any_of, timeout
@@ -13,6 +13,7 @@ from shared.protocol import ABORT_SIGNALED, ABORTED, NO_ACTIVE_WORK_ORDER, ChatM
 
 from .agent import Agent, NoTools, Report, ToolRunner
 from .providers import Provider, ProviderError
+from .tools import Toolbox
 
 log = logging.getLogger("hangar.drone")
 
@@ -40,13 +41,14 @@ class AgentService:
         *,
         concurrency: int = 1,
         deadline: float | None = None,
-        tools: Callable[[], ToolRunner] | None = None,
+        workdir: Path | None = None,
     ) -> None:
         self.provider = provider
         self.outlet = outlet
         self.concurrency = concurrency
         self.deadline = deadline
-        self.tools = tools
+        self.workdir = workdir
+        """Where tools work; None runs work orders with no tools."""
         self.running: dict[str, RunningOrder] = {}
 
     def accept(self, order: WorkOrder) -> dict[str, Any]:
@@ -79,8 +81,11 @@ class AgentService:
         signal = controller.signal
         if self.deadline is not None:
             signal = any_of(signal, timeout(self.deadline))
-        tools = self.tools() if self.tools else NoTools()
-        agent = Agent(self.provider, tools, self.outlet.report_for(order.turn_id))
+        report = self.outlet.report_for(order.turn_id)
+        tools: ToolRunner = (
+            Toolbox(self.workdir, self.provider, report) if self.workdir else NoTools()
+        )
+        agent = Agent(self.provider, tools, report)
         messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
         try:
             answer = await agent.run(messages, signal)

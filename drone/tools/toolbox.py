@@ -1,0 +1,143 @@
+"""``Toolbox``: the tools a work order's agent may call, and ``spawn_subagent``.
+
+A sub-agent is a child agent loop with its own controller linked to its parent's signal (an
+operation tree): aborting the work order aborts every descendant; its progress is streamed with
+its depth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.abort import AbortSignal, linked_controller
+from shared.protocol import ChatMessage, ToolCall
+
+from ..agent import Agent, Report
+from ..providers import Provider, ToolSpec
+from . import fetch, files, shell
+from .errors import ToolError
+
+MAX_DEPTH = 3
+SHELL_SECONDS = 300.0
+FETCH_SECONDS = 60.0
+SUBAGENT_PROMPT = (
+    "You are a sub-agent of a coding agent. Do the task you are given with the tools you have, "
+    "then answer with a short, complete report of the result."
+)
+
+
+def _spec(name: str, description: str, **properties: str) -> ToolSpec:
+    return ToolSpec(
+        name=name,
+        description=description,
+        parameters={
+            "type": "object",
+            "properties": {
+                key: {"type": "string", "description": d} for key, d in properties.items()
+            },
+            "required": list(properties),
+        },
+    )
+
+
+SPECS = [
+    _spec("read_file", "Read a text file in the work directory.", path="relative path"),
+    _spec("list_directory", "List a directory in the work directory.", path="relative path"),
+    _spec(
+        "write_file",
+        "Write a text file in the work directory (parents are created).",
+        path="relative path",
+        content="the whole new content",
+    ),
+    _spec(
+        "run_shell",
+        "Run a shell command in the work directory; returns its exit code and output.",
+        command="the command line",
+    ),
+    _spec("fetch_url", "Fetch a URL with HTTP GET; returns status and body.", url="http(s) URL"),
+    _spec(
+        "spawn_subagent",
+        "Hand a self-contained task to a sub-agent with the same tools; returns its report.",
+        task="what the sub-agent must do",
+    ),
+]
+
+
+@dataclass
+class Toolbox:
+    workdir: Path
+    provider: Provider
+    report: Report
+    depth: int = 0
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        if self.depth + 1 >= MAX_DEPTH:
+            return [s for s in SPECS if s.name != "spawn_subagent"]
+        return SPECS
+
+    async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
+        """Run one call. A ``ToolError`` becomes an error result; ``AbortError`` propagates."""
+        try:
+            arguments = _arguments(call.arguments)
+            return await self._dispatch(call.name, arguments, signal)
+        except ToolError as error:
+            return f"Error: {error}"
+
+    async def _dispatch(self, name: str, args: dict[str, Any], signal: AbortSignal) -> str:
+        signal.throw_if_aborted()
+        if name == "read_file":
+            return await files.read_file(self.workdir, _text(args, "path"))
+        if name == "list_directory":
+            return await files.list_directory(self.workdir, str(args.get("path") or "."))
+        if name == "write_file":
+            return await files.write_file(
+                self.workdir, _text(args, "path"), _text(args, "content", allow_empty=True)
+            )
+        if name == "run_shell":
+            return await shell.run_shell(
+                self.workdir, _text(args, "command"), signal, SHELL_SECONDS
+            )
+        if name == "fetch_url":
+            return await fetch.fetch_url(_text(args, "url"), signal, FETCH_SECONDS)
+        if name == "spawn_subagent" and self.depth + 1 < MAX_DEPTH:
+            return await self._spawn(_text(args, "task"), signal)
+        raise ToolError(f"There is no tool named {name!r}.")
+
+    async def _spawn(self, task: str, signal: AbortSignal) -> str:
+        controller = linked_controller(signal)
+        child_depth = self.depth + 1
+        child = Agent(
+            self.provider,
+            Toolbox(self.workdir, self.provider, self.report, child_depth),
+            self.report,
+            depth=child_depth,
+        )
+        messages = [
+            ChatMessage(role="system", content=SUBAGENT_PROMPT),
+            ChatMessage(role="user", content=task),
+        ]
+        try:
+            return await child.run(messages, controller.signal)
+        finally:
+            controller.abort()  # the sub-agent's operation tree ends with it, whatever happened
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as error:
+        raise ToolError(f"The arguments are not valid JSON: {error.msg}.") from None
+    if not isinstance(value, dict):
+        raise ToolError("The arguments must be a JSON object.")
+    return value
+
+
+def _text(args: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise ToolError(f"The argument {key!r} is required and must be a string.")
+    return value

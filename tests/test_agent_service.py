@@ -1,0 +1,157 @@
+"""Phases too narrow to hit over the network, landed exactly: the drone's ``AgentService`` with
+its real provider and tools against the OpenAI peer; only the relay connection is replaced by a
+recorder that can fire the abort at a precise point (as an abort arriving then would)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from drone.providers import OpenAIProvider
+from drone.service import AgentService
+from shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, WorkOrder
+from tests.peers import OpenAIPeer, Reply, ScriptedToolCall
+
+TWO_CALLS = Reply(
+    chunks=[],
+    tool_calls=[
+        ScriptedToolCall("read_file", {"path": "a.txt"}),
+        ScriptedToolCall("list_directory"),
+    ],
+)
+
+
+class Recorder:
+    """Outlet and Report at once: keeps what the drone would send to the relay."""
+
+    def __init__(self) -> None:
+        self.messages: list[ChatMessage] = []
+        self.tools: list[tuple[str, str]] = []
+        self.completions: list[tuple[str, bool, str]] = []
+        self.on_message: Callable[[ChatMessage], None] | None = None
+        self.on_tool: Callable[[str, str], None] | None = None
+        self.completed = asyncio.Event()
+
+    def report_for(self, turn_id: str) -> Recorder:
+        return self
+
+    async def text(self, text: str, depth: int) -> None:
+        return None
+
+    async def message(self, message: ChatMessage) -> None:
+        self.messages.append(message)
+        if self.on_message:
+            self.on_message(message)
+
+    async def tool(self, call: ToolCall, state: str, depth: int, result: str | None = None) -> None:
+        self.tools.append((call.name, state))
+        if self.on_tool:
+            self.on_tool(call.name, state)
+
+    async def complete(self, turn_id: str, success: bool, message: str) -> None:
+        self.completions.append((turn_id, success, message))
+        self.completed.set()
+
+
+def service_for(peer: OpenAIPeer, recorder: Recorder, workdir: Path) -> AgentService:
+    (workdir / "a.txt").write_text("contents of a")
+    provider = OpenAIProvider("gpt-test", api_key="k", base_url=peer.base_url + "/v1")
+    return AgentService(provider, recorder, workdir=workdir)
+
+
+def order(turn_id: str, prompt: str, history: list[ChatMessage] | None = None) -> WorkOrder:
+    return WorkOrder(turn_id=turn_id, session_id="s_1", prompt=prompt, history=history or [])
+
+
+async def finished(recorder: Recorder) -> tuple[str, bool, str]:
+    await asyncio.wait_for(recorder.completed.wait(), 5)
+    recorder.completed.clear()
+    return recorder.completions[-1]
+
+
+async def the_conversation_goes_on(
+    service: AgentService, recorder: Recorder, peer: OpenAIPeer, first_prompt: str
+) -> None:
+    history = [ChatMessage(role="user", content=first_prompt), *recorder.messages]
+    peer.script(Reply(chunks=["Carrying on."]))
+    service.accept(order("t_2", "And now?", history))
+    assert await finished(recorder) == ("t_2", True, "Carrying on.")
+    assert peer.requests[-1].rejected is None
+
+
+async def test_abort_of_a_queued_order_never_calls_the_provider(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    service = service_for(openai_peer, recorder, tmp_path)
+
+    assert service.accept(order("t_1", "Hello")) == {"ok": True}
+    assert service.abort("t_1") == (True, "Abort signaled")
+
+    assert await finished(recorder) == ("t_1", True, "aborted")
+    assert openai_peer.requests == []
+    assert recorder.messages == []
+    await service.drain()
+
+
+async def test_abort_after_the_model_asked_for_tools_runs_none_of_them(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    service = service_for(openai_peer, recorder, tmp_path)
+    openai_peer.script(TWO_CALLS)
+
+    def abort_when_tools_are_asked_for(message: ChatMessage) -> None:
+        if message.tool_calls:
+            service.abort("t_1")
+
+    recorder.on_message = abort_when_tools_are_asked_for
+    service.accept(order("t_1", "Look around"))
+
+    assert await finished(recorder) == ("t_1", True, "aborted")
+    assert recorder.tools == [("read_file", "cancelled"), ("list_directory", "cancelled")]
+    assert [(m.role, m.content) for m in recorder.messages] == [
+        ("assistant", ""),
+        ("tool", TOOL_CANCELLED),
+        ("tool", TOOL_CANCELLED),
+    ]
+    calls = recorder.messages[0].tool_calls or []
+    assert [m.tool_call_id for m in recorder.messages[1:]] == [c.id for c in calls]
+    await the_conversation_goes_on(service, recorder, openai_peer, "Look around")
+
+
+async def test_abort_between_the_tool_round_and_the_next_model_call_keeps_real_results(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    service = service_for(openai_peer, recorder, tmp_path)
+    openai_peer.script(TWO_CALLS)
+
+    def abort_after_last_tool(name: str, state: str) -> None:
+        if (name, state) == ("list_directory", "end"):
+            service.abort("t_1")
+
+    recorder.on_tool = abort_after_last_tool
+    service.accept(order("t_1", "Look around"))
+
+    assert await finished(recorder) == ("t_1", True, "aborted")
+    assert len(openai_peer.requests) == 1, "no model call after the abort"
+    assert [(m.role, m.content) for m in recorder.messages] == [
+        ("assistant", ""),
+        ("tool", "contents of a"),
+        ("tool", "a.txt"),
+    ]
+    await the_conversation_goes_on(service, recorder, openai_peer, "Look around")
+
+
+async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
+    recorder = Recorder()
+    service = service_for(openai_peer, recorder, tmp_path)
+    openai_peer.script(Reply(chunks=["x"], stall_before=30))
+    service.accept(order("t_1", "First"))
+
+    assert service.accept(order("t_2", "Second")) == {"ok": False, "error": "The drone is busy."}
+
+    service.abort("t_1")
+    assert await finished(recorder) == ("t_1", True, "aborted")
