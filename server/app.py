@@ -12,6 +12,7 @@ from pathlib import Path
 import socketio
 from aiohttp import web
 
+from .cluster import LocalCluster, RedisCluster
 from .relay import Relay
 from .sessions import IDENTITY_COOKIE, DroneNamespace, IdeNamespace
 from .sqlite_store import SqliteTurnStore
@@ -21,7 +22,8 @@ log = logging.getLogger("hangar.relay")
 
 WEB_DIR = Path(os.environ.get("HANGAR_WEB_DIR", Path(__file__).resolve().parent.parent / "web"))
 SOCKET_IO_CLIENT = "node_modules/socket.io-client/dist/socket.io.esm.min.js"
-MAX_PAYLOAD_BYTES = 2_000_000
+MAX_TRANSPORT_BYTES = 4_000_000
+"""Engine.IO drops a connection sending more in one message; smaller ones get error acks."""
 RELAY = web.AppKey("relay", Relay)
 
 
@@ -33,29 +35,36 @@ class RelayConfig:
     drone_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     abort_grace: float = 10.0
     drone_grace: float = 3.0
+    redis: str | None = None
+    """Redis URL shared by several relays; None for a relay on its own."""
     demo_model: bool = False
     """Serve the offline demo model at ``/demo/v1`` (OpenAI-compatible, slow canned answers)."""
 
 
 def open_store(database: str) -> TurnStore:
-    """The store a database setting names: a SQLite path (or ``sqlite:///path``)."""
-    if database.startswith("sqlite:///"):
-        database = database.removeprefix("sqlite:///")
-    return SqliteTurnStore(database)
+    """The store a database setting names: ``postgresql://…``, else a SQLite path."""
+    if database.startswith(("postgresql://", "postgres://")):
+        from .postgres_store import PostgresTurnStore
+
+        return PostgresTurnStore(database)
+    return SqliteTurnStore(database.removeprefix("sqlite:///"))
 
 
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
+    manager = socketio.AsyncRedisManager(config.redis) if config.redis else None
     sio = socketio.AsyncServer(
+        client_manager=manager,
         async_mode="aiohttp",
         cors_allowed_origins=[],
-        max_http_buffer_size=MAX_PAYLOAD_BYTES,
+        max_http_buffer_size=MAX_TRANSPORT_BYTES,
     )
     app = web.Application()
     sio.attach(app)
     relay = Relay(
         store or open_store(config.database),
         sio,
+        RedisCluster(config.redis) if config.redis else LocalCluster(),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,
@@ -66,7 +75,12 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await relay.store.open()
-        await recover(relay)
+        if manager is not None and not sio.manager_initialized:
+            # Measured: the Redis listener otherwise starts with the first client connection,
+            # and acks aimed at clients on other relays time out until then.
+            sio.manager_initialized = True
+            manager.initialize()
+        await relay.start()
         yield
         await relay.close()
         await relay.store.close()
@@ -82,14 +96,6 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
 
         add_demo_model(app)
     return app
-
-
-async def recover(relay: Relay) -> None:
-    """Turns a previous relay process left ``processing`` can never complete here: end them."""
-    for turn in await relay.store.processing_turns():
-        if turn.turn_id not in relay.live:
-            await relay.store.end_turn(turn.turn_id, "error", "The relay restarted.", turn.text)
-            log.info("recovered turn=%s as error", turn.turn_id)
 
 
 async def index(request: web.Request) -> web.StreamResponse:

@@ -76,7 +76,12 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--database",
         default=env("HANGAR_DATABASE", "hangar.db"),
-        help="SQLite file or sqlite:///path (HANGAR_DATABASE; default %(default)s)",
+        help="SQLite file, or a postgresql:// URL (HANGAR_DATABASE; default %(default)s)",
+    )
+    command.add_argument(
+        "--redis",
+        default=env("HANGAR_REDIS") or None,
+        help="Redis URL shared by several relays (HANGAR_REDIS; default: none, one relay)",
     )
     command.add_argument(
         "--abort-grace",
@@ -99,6 +104,7 @@ def relay_config(args: argparse.Namespace, **overrides: object) -> RelayConfig:
         host=args.host,
         port=args.port,
         database=args.database,
+        redis=args.redis,
         abort_grace=args.abort_grace,
         drone_grace=args.drone_grace,
     )

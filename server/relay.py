@@ -1,18 +1,19 @@
 """The relay's core: turns work orders into turns, routes them to drones and ends each exactly once.
 
-Connection objects (``CodeSession``, ``DroneSession``) validate payloads and call in here; this
-module owns the live state (who runs what) and is the only place a turn is ended.
+Connection objects (``CodeSession``, ``DroneSession``) validate payloads and call in here. Turns
+live in the store, whose conditional update makes the first terminal write win; what several
+relays must share besides (drone presence, live text, aborts in flight) is in the ``Cluster``.
+A relay keeps in memory only what concerns the drones connected to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from shared.protocol import (
     AbortWorkOrderRequest,
     ChatMessage,
     Completion,
+    DroneView,
     MessageAdded,
     SubmitWorkOrder,
     TextDelta,
@@ -44,7 +46,8 @@ from shared.protocol import (
     WorkOrder,
 )
 
-from .store import SessionRecord, TurnRecord, TurnStore, session_history
+from .cluster import Cluster, DroneRoute
+from .store import SessionBusyError, SessionRecord, TurnRecord, TurnStore, session_history
 
 if TYPE_CHECKING:
     from .sessions import DroneSession
@@ -52,6 +55,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hangar.relay")
 
 DRONE_CALL_TIMEOUT = 10.0
+SWEEP_INTERVAL = 1.0
+TURN_ENDED = "The turn has already ended."
+SESSION_BUSY = "This session already has a turn in progress."
 
 
 def new_id(prefix: str) -> str:
@@ -68,17 +74,12 @@ def owner_room(owner: str) -> str:
 
 @dataclass
 class LiveTurn:
-    """What the relay keeps in memory while a turn is processing."""
+    """A processing turn run by a drone connected to this relay."""
 
     turn_id: str
     session_id: str
     owner: str
-    drone_id: str | None
-    text: list[str] = field(default_factory=list)
-    abort_acknowledged: bool = False
-    abort_in_flight: asyncio.Event | None = None
-    watchdog: asyncio.TimerHandle | None = None
-    orphaned: asyncio.TimerHandle | None = None
+    drone_id: str
 
 
 class Relay:
@@ -86,6 +87,7 @@ class Relay:
         self,
         store: TurnStore,
         sio: socketio.AsyncServer,
+        cluster: Cluster,
         *,
         drone_token: str,
         abort_grace: float = 10.0,
@@ -93,14 +95,33 @@ class Relay:
     ) -> None:
         self.store = store
         self.sio = sio
+        self.cluster = cluster
         self.drone_token = drone_token
         self.abort_grace = abort_grace
         self.drone_grace = drone_grace
         self.drones: dict[str, DroneSession] = {}
+        """Drones connected to this relay."""
         self.live: dict[str, LiveTurn] = {}
-        self.session_turns: dict[str, str] = {}
-        """session id -> its processing turn id (one turn at a time per session)."""
+        """Turns run by drones connected to this relay."""
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        """Pending relay-side endings: abort watchdogs and orphaned turns, by turn id."""
+        self.missing_since: dict[str, float] = {}
+        self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.cluster.start()
+        self._sweeper = asyncio.ensure_future(self._sweep_forever())
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for handle in self.timers.values():
+            handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await self.cluster.close()
 
     # ---- browsers
 
@@ -112,35 +133,29 @@ class Relay:
         else:
             session = SessionRecord(new_id("s"), owner, _title(request.prompt))
             await self.store.create_session(session)
-            await self._send_sessions(owner)
-        if session.session_id in self.session_turns:
-            return {"ok": False, "error": "This session already has a turn in progress."}
-        turn_id = new_id("t")
-        self.session_turns[session.session_id] = turn_id
+        history = await session_history(self.store, session.session_id)
+        drone, refusal = await self._pick_drone(request.drone_id)
+        turn = TurnRecord(
+            turn_id=new_id("t"),
+            session_id=session.session_id,
+            owner=owner,
+            prompt=request.prompt,
+            drone_id=drone.drone_id if drone else None,
+            messages=[ChatMessage(role="user", content=request.prompt)],
+        )
         try:
-            history = await session_history(self.store, session.session_id)
-            drone, refusal = self._pick_drone(request.drone_id)
-            turn = TurnRecord(
-                turn_id=turn_id,
-                session_id=session.session_id,
-                owner=owner,
-                prompt=request.prompt,
-                drone_id=drone.drone_id if drone else None,
-                messages=[ChatMessage(role="user", content=request.prompt)],
-            )
             await self.store.create_turn(turn)
-        except BaseException:
-            self.session_turns.pop(session.session_id, None)
-            raise
-        live = LiveTurn(turn_id, session.session_id, owner, turn.drone_id)
-        self.live[turn_id] = live
+        except SessionBusyError:
+            return {"ok": False, "error": SESSION_BUSY}
+        turn_id = turn.turn_id
         await self.sio.enter_room(sid, session_room(session.session_id), namespace=IDE_NAMESPACE)
-        await self._to_session(live.session_id, TURN_STARTED, turn.view().wire())
+        await self._to_session(session.session_id, TURN_STARTED, turn.view().wire())
+        await self._send_sessions(owner)
         accepted = {"ok": True, "turnId": turn_id, "sessionId": session.session_id}
         if drone is None:
             await self.end_turn(turn_id, "error", refusal)
             return accepted
-        drone.running.add(turn_id)
+        await self.cluster.add_running(drone.drone_id, turn_id)
         await self.broadcast_drones()
         order = WorkOrder(
             turn_id=turn_id, session_id=session.session_id, prompt=request.prompt, history=history
@@ -154,7 +169,7 @@ class Relay:
                 namespace=DRONE_NAMESPACE,
                 timeout=DRONE_CALL_TIMEOUT,
             )
-        except (TimeoutError, socketio.exceptions.TimeoutError):
+        except socketio.exceptions.TimeoutError:
             answer = {"ok": False, "error": "The drone did not accept the work order in time."}
         except socketio.exceptions.SocketIOError:
             answer = {"ok": False, "error": "The drone disconnected."}
@@ -166,51 +181,52 @@ class Relay:
         return accepted
 
     async def abort(self, owner: str, request: AbortWorkOrderRequest) -> tuple[bool, str]:
-        turn_id = request.turn_id or self._default_turn(owner, request.session_id)
+        turn_id = request.turn_id
         if turn_id is None:
-            return False, NO_ACTIVE_WORK_ORDER
-        live = self.live.get(turn_id)
-        if live is None:
-            turn = await self.store.get_turn(turn_id)
-            if turn is None:
-                return False, UNKNOWN_TURN
-            if turn.owner != owner:
-                return False, NOT_YOUR_TURN
-            return False, NO_ACTIVE_WORK_ORDER
-        if live.owner != owner:
+            mine = await self.store.processing_turns(owner=owner, session_id=request.session_id)
+            if not mine:
+                return False, NO_ACTIVE_WORK_ORDER
+            turn_id = mine[-1].turn_id
+        turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is None:
+            return False, UNKNOWN_TURN
+        if turn.owner != owner:
             return False, NOT_YOUR_TURN
-        drone = self.drones.get(live.drone_id) if live.drone_id else None
-        if drone is None:
+        if turn.status != "processing":
+            return False, NO_ACTIVE_WORK_ORDER
+        route = await self.cluster.drone(turn.drone_id) if turn.drone_id else None
+        if route is None:
             return False, DRONE_OFFLINE
         requested_at = time.monotonic()
-        in_flight = live.abort_in_flight = asyncio.Event()
+        await self.cluster.abort_started(turn_id)
         try:
             answer = await self.sio.call(
                 ABORT_WORK_ORDER,
                 {"turnId": turn_id},
-                to=drone.sid,
+                to=route.sid,
                 namespace=DRONE_NAMESPACE,
                 timeout=DRONE_CALL_TIMEOUT,
             )
-        except (TimeoutError, socketio.exceptions.TimeoutError):
+        except socketio.exceptions.TimeoutError:
             return False, "The drone did not answer the abort."
         except socketio.exceptions.SocketIOError:
             return False, DRONE_OFFLINE
         finally:
-            # Set just before the ack goes out; a completion waiting on it is sent after the ack.
-            in_flight.set()
+            # Marked just before the ack goes out: a completion waiting on it is sent after it.
+            await self.cluster.abort_answered(turn_id)
         success, message = _abort_answer(answer)
         log.info(
             "abort turn=%s drone=%s answer=%s %r in %.1f ms",
             turn_id,
-            drone.drone_id,
+            route.drone_id,
             success,
             message,
             (time.monotonic() - requested_at) * 1000,
         )
-        if success and turn_id in self.live and not live.abort_acknowledged:
-            live.abort_acknowledged = True
-            live.watchdog = self._after(self.abort_grace, partial(self._abort_watchdog, turn_id))
+        if success and turn_id not in self.timers:
+            self.timers[turn_id] = self._after(
+                self.abort_grace, partial(self._abort_watchdog, turn_id)
+            )
         return success, message
 
     async def open_session(self, owner: str, sid: str, session_id: str) -> dict[str, Any]:
@@ -218,163 +234,195 @@ class Relay:
         if session is None or session.owner != owner:
             return {"ok": False, "error": "Unknown session."}
         await self.sio.enter_room(sid, session_room(session_id), namespace=IDE_NAMESPACE)
-        turns = []
-        for turn in await self.store.list_turns(session_id):
-            live = self.live.get(turn.turn_id)
-            if live is not None and turn.status == "processing":
-                turn.text = "".join(live.text)
-            turns.append(turn.view().wire())
-        view = session.view(self.session_turns.get(session_id)).wire()
-        return {"ok": True, "session": view, "turns": turns}
+        turns = await self.store.list_turns(session_id)
+        processing = None
+        for turn in turns:
+            if turn.status == "processing":
+                processing = turn.turn_id
+                turn.text = await self.cluster.text(turn.turn_id)
+        return {
+            "ok": True,
+            "session": session.view(processing).wire(),
+            "turns": [turn.view().wire() for turn in turns],
+        }
 
     async def session_views(self, owner: str) -> list[dict[str, Any]]:
+        processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(owner)}
         return [
-            s.view(self.session_turns.get(s.session_id)).wire()
+            s.view(processing.get(s.session_id)).wire()
             for s in await self.store.list_sessions(owner)
         ]
 
-    def drone_views(self) -> list[dict[str, Any]]:
-        return [drone.view().wire() for drone in self.drones.values()]
+    async def drone_views(self) -> list[dict[str, Any]]:
+        views = []
+        for route in await self.cluster.drones():
+            running = await self.cluster.running(route.drone_id)
+            views.append(_view(route, running).wire())
+        return views
 
     async def broadcast_drones(self) -> None:
-        await self.sio.emit(DRONES, self.drone_views(), namespace=IDE_NAMESPACE)
+        await self.sio.emit(DRONES, await self.drone_views(), namespace=IDE_NAMESPACE)
 
     # ---- drones
 
-    def drone_joined(self, drone: DroneSession) -> None:
-        """Register a drone; turns it still runs (after a reconnect) are attached to it again."""
+    async def drone_joined(self, drone: DroneSession, claimed: list[str]) -> None:
+        """Register a drone; the turns it still runs (after a reconnect) stay its own."""
+        running = []
+        for turn_id in claimed:
+            turn = await self.store.get_turn(turn_id, messages=False)
+            if turn and turn.status == "processing" and turn.drone_id == drone.drone_id:
+                running.append(turn_id)
+                if (handle := self.timers.pop(turn_id, None)) is not None:
+                    handle.cancel()
         previous = self.drones.get(drone.drone_id)
-        self.drones[drone.drone_id] = drone
         if previous is not None and previous is not drone:
             previous.replaced = True
-        for turn_id in list(drone.running):
-            live = self.live.get(turn_id)
-            if live is None or live.drone_id != drone.drone_id:
-                drone.running.discard(turn_id)
-                continue
-            if live.orphaned is not None:
-                live.orphaned.cancel()
-                live.orphaned = None
-        log.info("drone online drone=%s running=%d", drone.drone_id, len(drone.running))
+        self.drones[drone.drone_id] = drone
+        await self.cluster.add_drone(drone.route, running)
+        log.info("drone online drone=%s running=%d", drone.drone_id, len(running))
+        await self.broadcast_drones()
 
     async def drone_left(self, drone: DroneSession) -> None:
         if self.drones.get(drone.drone_id) is drone:
             del self.drones[drone.drone_id]
+        await self.cluster.remove_drone(drone.drone_id, drone.sid)
         log.info("drone offline drone=%s", drone.drone_id)
-        if drone.replaced:
-            return
-        for turn_id in list(drone.running):
-            live = self.live.get(turn_id)
-            if live is None:
-                continue
-            if self.drone_grace <= 0:
-                await self.end_turn(turn_id, "error", "The drone disconnected.")
-            else:
-                live.orphaned = self._after(
-                    self.drone_grace, partial(self._orphan_timeout, turn_id)
-                )
+        if not drone.replaced:
+            for turn_id in await self.cluster.running(drone.drone_id):
+                ending = partial(self._orphan_timeout, turn_id, drone.drone_id)
+                self.timers[turn_id] = self._after(self.drone_grace, ending)
         await self.broadcast_drones()
 
-    def owns(self, drone: DroneSession, turn_id: str) -> str | None:
-        """None if ``drone`` may report on ``turn_id``, else the reason it may not."""
-        live = self.live.get(turn_id)
-        if live is None:
-            return UNKNOWN_TURN
-        if live.drone_id != drone.drone_id:
-            return NOT_YOUR_TURN
-        return None
-
-    async def progress(self, event: TextDelta | MessageAdded | ToolActivity) -> None:
-        live = self.live.get(event.turn_id)
-        if live is None:
-            return
+    async def progress(
+        self, drone: DroneSession, event: TextDelta | MessageAdded | ToolActivity
+    ) -> dict[str, Any]:
+        live = await self._attach(drone, event.turn_id)
+        if isinstance(live, str):
+            return {"ok": False, "error": live}
         if isinstance(event, TextDelta) and event.depth == 0:
-            live.text.append(event.text)
+            await self.cluster.append_text(event.turn_id, event.text)
         elif isinstance(event, MessageAdded):
             await self.store.append_messages(event.turn_id, [event.message])
         payload = event.wire()
         payload["sessionId"] = live.session_id
         await self._to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
+        return {"ok": True}
 
-    async def complete(self, completion: Completion) -> None:
+    async def complete(self, drone: DroneSession, completion: Completion) -> dict[str, Any]:
+        live = await self._attach(drone, completion.turn_id)
+        if isinstance(live, str):
+            log.info("completion ignored turn=%s: %s", completion.turn_id, live)
+            return {"ok": False, "error": live}
         await self.end_turn(completion.turn_id, completion.status, completion.message)
+        return {"ok": True}
 
     # ---- ending turns
 
     async def end_turn(self, turn_id: str, status: TurnStatus, message: str) -> bool:
         """End a turn once: the first terminal write wins, later ones are logged and ignored."""
-        live = self.live.get(turn_id)
-        text = "".join(live.text) if live else ""
-        won = await self.store.end_turn(turn_id, status, message, text)
-        if not won:
+        text = await self.cluster.text(turn_id)
+        if not await self.store.end_turn(turn_id, status, message, text):
             log.info("late end ignored turn=%s status=%s", turn_id, status)
             return False
-        if live is not None:
-            self._forget(live)
-            if live.abort_in_flight is not None:
-                # The abort ack and the completion are separate; the ack goes first.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(live.abort_in_flight.wait(), DRONE_CALL_TIMEOUT)
-            session_id = live.session_id
-        else:
-            turn = await self.store.get_turn(turn_id)
-            session_id = turn.session_id if turn else ""
+        if (handle := self.timers.pop(turn_id, None)) is not None:
+            handle.cancel()
+        self.missing_since.pop(turn_id, None)
+        turn: LiveTurn | TurnRecord | None = self.live.pop(turn_id, None)
+        if turn is None:
+            turn = await self.store.get_turn(turn_id, messages=False)
+        assert turn is not None
+        if turn.drone_id:
+            await self.cluster.remove_running(turn.drone_id, turn_id)
+        await self.cluster.forget_text(turn_id)
+        # The abort ack and the completion are separate; the ack goes first.
+        await self.cluster.wait_abort_answered(turn_id, DRONE_CALL_TIMEOUT)
         log.info("turn ended turn=%s status=%s", turn_id, status)
         success = status != "error"
-        await self._to_session(session_id, WORK_ORDER_COMPLETE, (turn_id, success, message))
-        if live is not None:
-            await self._send_sessions(live.owner)
-            await self.broadcast_drones()
+        await self._to_session(turn.session_id, WORK_ORDER_COMPLETE, (turn_id, success, message))
+        await self._send_sessions(turn.owner)
+        await self.broadcast_drones()
         return True
 
-    def _forget(self, live: LiveTurn) -> None:
-        self.live.pop(live.turn_id, None)
-        if self.session_turns.get(live.session_id) == live.turn_id:
-            del self.session_turns[live.session_id]
-        for handle in (live.watchdog, live.orphaned):
-            if handle is not None:
-                handle.cancel()
-        drone = self.drones.get(live.drone_id) if live.drone_id else None
-        if drone is not None:
-            drone.running.discard(live.turn_id)
-
     async def _abort_watchdog(self, turn_id: str) -> None:
+        self.timers.pop(turn_id, None)
         if await self.end_turn(turn_id, "aborted", ABORTED):
             log.warning("abort watchdog ended turn=%s: no completion from the drone", turn_id)
 
-    async def _orphan_timeout(self, turn_id: str) -> None:
+    async def _orphan_timeout(self, turn_id: str, drone_id: str) -> None:
+        self.timers.pop(turn_id, None)
+        if await self._still_running(turn_id, drone_id):
+            return  # the drone came back (maybe to another relay) and still runs it
         await self.end_turn(turn_id, "error", "The drone disconnected.")
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for live in list(self.live.values()):
-            for handle in (live.watchdog, live.orphaned):
-                if handle is not None:
-                    handle.cancel()
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweep failed")
+
+    async def sweep(self) -> None:
+        """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
+        turns = await self.store.processing_turns()
+        processing = {turn.turn_id for turn in turns}
+        for turn_id in [t for t in self.live if t not in processing]:
+            del self.live[turn_id]  # ended through another relay
+        now = time.monotonic()
+        for turn in turns:
+            if turn.turn_id in self.timers:
+                continue
+            if await self._still_running(turn.turn_id, turn.drone_id):
+                self.missing_since.pop(turn.turn_id, None)
+                continue
+            first = self.missing_since.setdefault(turn.turn_id, now)
+            if now - first >= self.drone_grace:
+                restarted = turn.created_at < self.started_at
+                reason = "The relay restarted." if restarted else "The drone disconnected."
+                await self.end_turn(turn.turn_id, "error", reason)
 
     # ---- internals
 
-    def _pick_drone(self, drone_id: str | None) -> tuple[DroneSession | None, str]:
-        if drone_id is not None:
-            drone = self.drones.get(drone_id)
-            if drone is None:
-                return None, f"The drone {drone_id} is offline."
-            if drone.busy:
-                return None, f"The drone {drone.name} is busy."
-            return drone, ""
-        if not self.drones:
-            return None, "No drone is online."
-        idle = [d for d in self.drones.values() if not d.busy]
-        if not idle:
-            return None, "Every drone is busy."
-        return min(idle, key=lambda d: len(d.running) / d.concurrency), ""
+    async def _still_running(self, turn_id: str, drone_id: str | None) -> bool:
+        """Whether a connected drone (on any relay) runs the turn."""
+        if drone_id is None or await self.cluster.drone(drone_id) is None:
+            return False
+        return turn_id in await self.cluster.running(drone_id)
 
-    def _default_turn(self, owner: str, session_id: str | None) -> str | None:
-        if session_id is not None:
-            return self.session_turns.get(session_id)
-        mine = [t for t in self.live.values() if t.owner == owner]
-        return mine[-1].turn_id if mine else None
+    async def _attach(self, drone: DroneSession, turn_id: str) -> LiveTurn | str:
+        """The live turn ``drone`` may report on, or why it may not."""
+        live = self.live.get(turn_id)
+        if live is not None:
+            return live if live.drone_id == drone.drone_id else NOT_YOUR_TURN
+        turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is None:
+            return UNKNOWN_TURN
+        if turn.drone_id != drone.drone_id:
+            return NOT_YOUR_TURN
+        if turn.status != "processing":
+            return TURN_ENDED
+        live = LiveTurn(turn_id, turn.session_id, turn.owner, drone.drone_id)
+        return self.live.setdefault(turn_id, live)
+
+    async def _pick_drone(self, drone_id: str | None) -> tuple[DroneRoute | None, str]:
+        if drone_id is not None:
+            route = await self.cluster.drone(drone_id)
+            if route is None:
+                return None, f"The drone {drone_id} is offline."
+            if len(await self.cluster.running(drone_id)) >= route.concurrency:
+                return None, f"The drone {route.name} is busy."
+            return route, ""
+        routes = await self.cluster.drones()
+        if not routes:
+            return None, "No drone is online."
+        best: tuple[float, DroneRoute] | None = None
+        for route in routes:
+            load = len(await self.cluster.running(route.drone_id)) / route.concurrency
+            if load < 1 and (best is None or load < best[0]):
+                best = (load, route)
+        if best is None:
+            return None, "Every drone is busy."
+        return best[1], ""
 
     async def _to_session(self, session_id: str, event: str, data: Any) -> None:
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
@@ -398,6 +446,18 @@ class Relay:
             task.add_done_callback(self._tasks.discard)
 
         return asyncio.get_running_loop().call_later(delay, start)
+
+
+def _view(route: DroneRoute, running: set[str]) -> DroneView:
+    return DroneView(
+        drone_id=route.drone_id,
+        name=route.name,
+        provider=route.provider,
+        model=route.model,
+        concurrency=route.concurrency,
+        running=sorted(running),
+        busy=len(running) >= route.concurrency,
+    )
 
 
 def _abort_answer(answer: Any) -> tuple[bool, str]:

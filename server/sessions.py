@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from http.cookies import SimpleCookie
 from typing import Any
@@ -29,7 +31,6 @@ from shared.protocol import (
     AbortWorkOrderRequest,
     Completion,
     DroneHello,
-    DroneView,
     MessageAdded,
     OpenSession,
     SubmitWorkOrder,
@@ -38,11 +39,16 @@ from shared.protocol import (
     describe,
 )
 
+from .cluster import DroneRoute
 from .relay import Relay, owner_room
 
 log = logging.getLogger("hangar.sessions")
 
 IDENTITY_COOKIE = "hangar_identity"
+MAX_EVENT_BYTES = 1_000_000
+"""Largest browser event payload answered normally; bigger ones get an error ack."""
+TOO_MANY_SUBMITS = "Too many work orders at once; try again in a few seconds."
+TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 
 
@@ -66,13 +72,42 @@ def browser_identity(environ: dict[str, Any], auth: Any) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def one_payload(args: tuple[Any, ...]) -> Any:
+class PayloadError(ValueError):
+    """A payload refused before validation; the message is the whole refusal."""
+
+
+def one_payload(args: tuple[Any, ...], limit: int | None = None) -> Any:
     """The single payload of an event: none means ``{}``; more than one is malformed."""
     if not args:
         return {}
     if len(args) > 1:
-        raise ValueError("Expected one payload object.")
+        raise PayloadError("Invalid payload (expected one payload object).")
+    if limit is not None:
+        size = len(json.dumps(args[0], separators=(",", ":")))
+        if size > limit:
+            raise PayloadError(
+                f"The payload is too large ({size} bytes; the limit is {limit} bytes)."
+            )
     return args[0]
+
+
+class RateLimit:
+    """A token bucket: ``burst`` events at once, refilled at ``per_second``."""
+
+    def __init__(self, burst: float, per_second: float) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self.tokens = burst
+        self.at = time.monotonic()
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_second)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class CodeSession:
@@ -82,24 +117,30 @@ class CodeSession:
         self.relay = relay
         self.sid = sid
         self.owner = owner
+        self.submits = RateLimit(burst=10, per_second=1)
+        self.aborts = RateLimit(burst=20, per_second=5)
 
     async def on_submit_work_order(self, *args: Any) -> dict[str, Any]:
         try:
-            request = SubmitWorkOrder.model_validate(one_payload(args))
+            request = SubmitWorkOrder.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": _refusal(error)}
+        if not self.submits.allow():
+            return {"ok": False, "error": TOO_MANY_SUBMITS}
         return await self.relay.submit(self.owner, self.sid, request)
 
     async def on_abort_work_order(self, *args: Any) -> tuple[bool, str]:
         try:
-            request = AbortWorkOrderRequest.model_validate(one_payload(args))
+            request = AbortWorkOrderRequest.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return False, _refusal(error)
+        if not self.aborts.allow():
+            return False, TOO_MANY_ABORTS
         return await self.relay.abort(self.owner, request)
 
     async def on_open_session(self, *args: Any) -> dict[str, Any]:
         try:
-            request = OpenSession.model_validate(one_payload(args))
+            request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": _refusal(error)}
         return await self.relay.open_session(self.owner, self.sid, request.session_id)
@@ -108,7 +149,10 @@ class CodeSession:
         return {"ok": True, "sessions": await self.relay.session_views(self.owner)}
 
     async def on_list_drones(self, *args: Any) -> dict[str, Any]:
-        return {"ok": True, "drones": self.relay.drone_views()}
+        return {"ok": True, "drones": await self.relay.drone_views()}
+
+
+Job = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class DroneSession:
@@ -118,58 +162,45 @@ class DroneSession:
         self.relay = relay
         self.sid = sid
         self.drone_id = hello.drone_id
-        self.name = hello.name
-        self.provider = hello.provider
-        self.model = hello.model
-        self.concurrency = hello.concurrency
-        self.running: set[str] = set(hello.running)
+        self.route = DroneRoute(
+            drone_id=hello.drone_id,
+            sid=sid,
+            name=hello.name,
+            provider=hello.provider,
+            model=hello.model,
+            concurrency=hello.concurrency,
+        )
         self.replaced = False
         # python-socketio runs every event in its own task; a queue drained by one task keeps a
         # turn's progress, its final messages and its completion in the order the drone sent them.
-        self.inbox: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[Job, asyncio.Future[dict[str, Any]]] | None] = (
+            asyncio.Queue()
+        )
         self.worker = asyncio.ensure_future(self._drain())
 
-    @property
-    def busy(self) -> bool:
-        return len(self.running) >= self.concurrency
-
-    def view(self) -> DroneView:
-        return DroneView(
-            drone_id=self.drone_id,
-            name=self.name,
-            provider=self.provider,
-            model=self.model,
-            concurrency=self.concurrency,
-            running=sorted(self.running),
-            busy=self.busy,
-        )
-
-    def on_work_order_progress(self, *args: Any) -> dict[str, Any]:
+    async def on_work_order_progress(self, *args: Any) -> dict[str, Any]:
         try:
             event: TextDelta | MessageAdded | ToolActivity = PROGRESS.validate_python(
                 one_payload(args)
             )
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": _refusal(error)}
-        refusal = self.relay.owns(self, event.turn_id)
-        if refusal is not None:
-            return {"ok": False, "error": refusal}
-        self.inbox.put_nowait(lambda: self.relay.progress(event))
-        return {"ok": True}
+        return await self._in_order(lambda: self.relay.progress(self, event))
 
-    def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
+    async def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
         if len(args) != 3:
-            return {"ok": False, "error": "Expected (turnId, success, message)."}
+            return {"ok": False, "error": "Invalid payload (expected turnId, success, message)."}
         try:
             completion = Completion(turn_id=args[0], success=args[1], message=args[2])
         except ValidationError as error:
             return {"ok": False, "error": _refusal(error)}
-        refusal = self.relay.owns(self, completion.turn_id)
-        if refusal is not None:
-            log.info("completion refused turn=%s: %s", completion.turn_id, refusal)
-            return {"ok": False, "error": refusal}
-        self.inbox.put_nowait(lambda: self.relay.complete(completion))
-        return {"ok": True}
+        return await self._in_order(lambda: self.relay.complete(self, completion))
+
+    def _in_order(self, job: Job) -> asyncio.Future[dict[str, Any]]:
+        """Queue ``job`` behind everything this drone sent before; the future is its ack."""
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.inbox.put_nowait((job, answer))
+        return answer
 
     async def close(self) -> None:
         """Finish what the drone sent before it left, then let the relay end its turns."""
@@ -178,17 +209,21 @@ class DroneSession:
         await self.relay.drone_left(self)
 
     async def _drain(self) -> None:
-        while (job := await self.inbox.get()) is not None:
+        while (item := await self.inbox.get()) is not None:
+            job, answer = item
             try:
-                await job()
+                answer.set_result(await job())
             except Exception:
                 log.exception("drone event failed drone=%s", self.drone_id)
+                answer.set_result({"ok": False, "error": "The relay could not handle that event."})
 
 
 def _refusal(error: Exception) -> str:
     if isinstance(error, ValidationError):
         return describe(error)
-    return f"Invalid payload ({error})"
+    if isinstance(error, PayloadError):
+        return str(error)
+    return f"Invalid payload ({error})."
 
 
 Handler = Callable[..., Any]
@@ -239,7 +274,7 @@ class IdeNamespace(_Namespace):
         self.sessions[sid] = CodeSession(self.relay, sid, owner)
         await self.enter_room(sid, owner_room(owner))
         await self.emit(HELLO, {"browserId": owner[:12]}, to=sid)
-        await self.emit(DRONES, self.relay.drone_views(), to=sid)
+        await self.emit(DRONES, await self.relay.drone_views(), to=sid)
         await self.emit(SESSIONS, await self.relay.session_views(owner), to=sid)
 
     async def disconnect(self, sid: str) -> None:
@@ -261,8 +296,7 @@ class DroneNamespace(_Namespace):
             raise socketio.exceptions.ConnectionRefusedError(describe(error)) from None
         drone = DroneSession(self.relay, sid, hello)
         self.sessions[sid] = drone
-        self.relay.drone_joined(drone)
-        await self.relay.broadcast_drones()
+        await self.relay.drone_joined(drone, hello.running)
 
     async def disconnect(self, sid: str) -> None:
         drone = self.sessions.pop(sid, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import aiosqlite
 
 from shared.protocol import ChatMessage, TurnStatus
 
-from .store import SessionRecord, TurnRecord
+from .store import SessionBusyError, SessionRecord, TurnRecord
 
 MIGRATIONS = [
     """
@@ -42,6 +43,9 @@ MIGRATIONS = [
         body TEXT NOT NULL
     );
     CREATE INDEX messages_turn ON messages (turn_id, message_id);
+    """,
+    """
+    CREATE UNIQUE INDEX one_processing_turn ON turns (session_id) WHERE status = 'processing';
     """,
 ]
 
@@ -98,6 +102,17 @@ class SqliteTurnStore:
             return [_session(row) for row in await cursor.fetchall()]
 
     async def create_turn(self, turn: TurnRecord) -> None:
+        try:
+            await self._insert_turn(turn)
+        except sqlite3.IntegrityError as error:
+            await self.db.rollback()
+            if "turns.session_id" in str(error):
+                raise SessionBusyError() from None
+            raise
+        await self._insert_messages(turn.turn_id, turn.messages)
+        await self.db.commit()
+
+    async def _insert_turn(self, turn: TurnRecord) -> None:
         await self.db.execute(
             "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
             " drone_id, created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -114,15 +129,13 @@ class SqliteTurnStore:
                 turn.ended_at,
             ),
         )
-        await self._insert_messages(turn.turn_id, turn.messages)
-        await self.db.commit()
 
-    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+    async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
         async with self.db.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)) as cursor:
             row = await cursor.fetchone()
         if row is None:
             return None
-        return (await self._with_messages([row]))[0]
+        return (await self._with_messages([row]))[0] if messages else _turn(row)
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         async with self.db.execute(
@@ -150,12 +163,16 @@ class SqliteTurnStore:
         await self.db.commit()
         return cursor.rowcount == 1
 
-    async def processing_turns(self) -> list[TurnRecord]:
+    async def processing_turns(
+        self, owner: str | None = None, session_id: str | None = None
+    ) -> list[TurnRecord]:
         async with self.db.execute(
-            "SELECT * FROM turns WHERE status = 'processing' ORDER BY created_at"
+            "SELECT * FROM turns WHERE status = 'processing'"
+            " AND (? IS NULL OR owner = ?) AND (? IS NULL OR session_id = ?)"
+            " ORDER BY created_at",
+            (owner, owner, session_id, session_id),
         ) as cursor:
-            rows = list(await cursor.fetchall())
-        return await self._with_messages(rows)
+            return [_turn(row) for row in await cursor.fetchall()]
 
     async def _insert_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         if messages:

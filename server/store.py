@@ -58,6 +58,10 @@ class TurnRecord:
         )
 
 
+class SessionBusyError(Exception):
+    """The session already has a processing turn (one turn at a time per session)."""
+
+
 class TurnStore(Protocol):
     async def open(self) -> None:
         """Connect and create or migrate the schema."""
@@ -72,9 +76,13 @@ class TurnStore(Protocol):
         """The owner's sessions, newest first."""
 
     async def create_turn(self, turn: TurnRecord) -> None:
-        """Store a new turn (status ``processing``) with its first messages."""
+        """Store a new turn (status ``processing``) with its first messages.
 
-    async def get_turn(self, turn_id: str) -> TurnRecord | None: ...
+        Raises ``SessionBusyError`` if the session already has a processing turn.
+        """
+
+    async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
+        """The turn, with its messages unless ``messages`` is False."""
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         """The session's turns, oldest first."""
@@ -90,7 +98,10 @@ class TurnStore(Protocol):
         Returns False (and changes nothing) if the turn had already ended: first write wins.
         """
 
-    async def processing_turns(self) -> list[TurnRecord]: ...
+    async def processing_turns(
+        self, owner: str | None = None, session_id: str | None = None
+    ) -> list[TurnRecord]:
+        """Processing turns (without their messages), oldest first, optionally filtered."""
 
 
 async def session_history(store: TurnStore, session_id: str) -> list[ChatMessage]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -81,7 +82,10 @@ class AbortSignal:
         On abort the pending work is cancelled (so an HTTP read in flight is torn down at once,
         not after the next chunk) and the abort reason is raised.
         """
-        self.throw_if_aborted()
+        if self._reason is not None:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started; closing it spares a "never awaited" warning
+            raise self._reason
         task = asyncio.ensure_future(awaitable)
         if not task.done():
             loop = asyncio.get_running_loop()

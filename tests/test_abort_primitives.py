@@ -93,10 +93,8 @@ async def test_race_refuses_to_start_on_an_aborted_signal() -> None:
         nonlocal started
         started = True
 
-    coroutine = work()
     with pytest.raises(AbortError):
-        await controller.signal.race(coroutine)
-    coroutine.close()
+        await controller.signal.race(work())
     assert not started
 
 

@@ -1,0 +1,192 @@
+"""``TurnStore`` on PostgreSQL (asyncpg), for several relays sharing one database.
+
+The schema is created and migrated here; the terminal-status rule is a conditional UPDATE, so two
+relays can never both end a turn, and a partial unique index keeps one processing turn a session.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import asyncpg
+
+from shared.protocol import ChatMessage, TurnStatus
+
+from .store import SessionBusyError, SessionRecord, TurnRecord
+
+MIGRATIONS = [
+    """
+    CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        title TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX sessions_owner ON sessions (owner, created_at);
+    CREATE TABLE turns (
+        turn_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        owner TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('processing', 'finished', 'aborted', 'error')),
+        result TEXT,
+        text TEXT NOT NULL DEFAULT '',
+        drone_id TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        ended_at DOUBLE PRECISION
+    );
+    CREATE INDEX turns_session ON turns (session_id, created_at);
+    CREATE INDEX turns_processing ON turns (status) WHERE status = 'processing';
+    CREATE UNIQUE INDEX one_processing_turn ON turns (session_id) WHERE status = 'processing';
+    CREATE TABLE messages (
+        message_id BIGSERIAL PRIMARY KEY,
+        turn_id TEXT NOT NULL REFERENCES turns (turn_id),
+        body JSONB NOT NULL
+    );
+    CREATE INDEX messages_turn ON messages (turn_id, message_id);
+    """,
+]
+
+
+class PostgresTurnStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("The store is not open.")
+        return self._pool
+
+    async def open(self) -> None:
+        self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10)
+        async with self.pool.acquire() as db, db.transaction():
+            # One relay migrates at a time; the others wait on the lock, then find it done.
+            await db.execute("SELECT pg_advisory_xact_lock(726541)")
+            await db.execute("CREATE TABLE IF NOT EXISTS hangar_schema (version INTEGER NOT NULL)")
+            version = await db.fetchval("SELECT max(version) FROM hangar_schema") or 0
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                await db.execute(script)
+                await db.execute("INSERT INTO hangar_schema (version) VALUES ($1)", number)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def create_session(self, session: SessionRecord) -> None:
+        await self.pool.execute(
+            "INSERT INTO sessions (session_id, owner, title, created_at) VALUES ($1, $2, $3, $4)",
+            session.session_id,
+            session.owner,
+            session.title,
+            session.created_at,
+        )
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        row = await self.pool.fetchrow("SELECT * FROM sessions WHERE session_id = $1", session_id)
+        return SessionRecord(**dict(row)) if row else None
+
+    async def list_sessions(self, owner: str) -> list[SessionRecord]:
+        rows = await self.pool.fetch(
+            "SELECT * FROM sessions WHERE owner = $1 ORDER BY created_at DESC", owner
+        )
+        return [SessionRecord(**dict(row)) for row in rows]
+
+    async def create_turn(self, turn: TurnRecord) -> None:
+        async with self.pool.acquire() as db, db.transaction():
+            try:
+                await db.execute(
+                    "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
+                    " drone_id, created_at, ended_at)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                    turn.turn_id,
+                    turn.session_id,
+                    turn.owner,
+                    turn.prompt,
+                    turn.status,
+                    turn.result,
+                    turn.text,
+                    turn.drone_id,
+                    turn.created_at,
+                    turn.ended_at,
+                )
+            except asyncpg.UniqueViolationError as error:
+                if error.constraint_name == "one_processing_turn":
+                    raise SessionBusyError() from None
+                raise
+            await _insert_messages(db, turn.turn_id, turn.messages)
+
+    async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
+        row = await self.pool.fetchrow("SELECT * FROM turns WHERE turn_id = $1", turn_id)
+        if row is None:
+            return None
+        if not messages:
+            return TurnRecord(**dict(row), messages=[])
+        return (await self._with_messages([row]))[0]
+
+    async def list_turns(self, session_id: str) -> list[TurnRecord]:
+        rows = await self.pool.fetch(
+            "SELECT * FROM turns WHERE session_id = $1 ORDER BY created_at, turn_id", session_id
+        )
+        return await self._with_messages(list(rows))
+
+    async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
+        async with self.pool.acquire() as db:
+            await _insert_messages(db, turn_id, messages)
+
+    async def set_drone(self, turn_id: str, drone_id: str | None) -> None:
+        await self.pool.execute(
+            "UPDATE turns SET drone_id = $1 WHERE turn_id = $2", drone_id, turn_id
+        )
+
+    async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
+        outcome = await self.pool.execute(
+            "UPDATE turns SET status = $1, result = $2, text = $3, ended_at = $4"
+            " WHERE turn_id = $5 AND status = 'processing'",
+            status,
+            result,
+            text,
+            time.time(),
+            turn_id,
+        )
+        return bool(outcome == "UPDATE 1")
+
+    async def processing_turns(
+        self, owner: str | None = None, session_id: str | None = None
+    ) -> list[TurnRecord]:
+        rows = await self.pool.fetch(
+            "SELECT * FROM turns WHERE status = 'processing'"
+            " AND ($1::text IS NULL OR owner = $1) AND ($2::text IS NULL OR session_id = $2)"
+            " ORDER BY created_at",
+            owner,
+            session_id,
+        )
+        return [TurnRecord(**dict(row), messages=[]) for row in rows]
+
+    async def _with_messages(self, rows: list[Any]) -> list[TurnRecord]:
+        turns = [TurnRecord(**dict(row), messages=[]) for row in rows]
+        if not turns:
+            return turns
+        by_id = {turn.turn_id: turn for turn in turns}
+        found = await self.pool.fetch(
+            "SELECT turn_id, body FROM messages WHERE turn_id = ANY($1::text[])"
+            " ORDER BY message_id",
+            list(by_id),
+        )
+        for row in found:
+            by_id[row["turn_id"]].messages.append(
+                ChatMessage.model_validate(json.loads(row["body"]))
+            )
+        return turns
+
+
+async def _insert_messages(db: Any, turn_id: str, messages: list[ChatMessage]) -> None:
+    if messages:
+        await db.executemany(
+            "INSERT INTO messages (turn_id, body) VALUES ($1, $2::jsonb)",
+            [(turn_id, json.dumps(m.wire())) for m in messages],
+        )
