@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         default=env("HANGAR_SERVER", "http://127.0.0.1:8080"),
-        help="relay URL (HANGAR_SERVER; default %(default)s)",
+        help="relay URL, or several separated by commas, tried in turn on reconnect "
+        "(HANGAR_SERVER; default %(default)s)",
     )
     parser.add_argument(
         "--token",

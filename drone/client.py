@@ -79,8 +79,10 @@ class TurnReport:
 
 
 class DroneClient:
-    def __init__(self, url: str, identity: DroneIdentity) -> None:
-        self.url = url
+    def __init__(self, urls: str | list[str], identity: DroneIdentity) -> None:
+        self.urls = urls.split(",") if isinstance(urls, str) else urls
+        self.url = self.urls[0]
+        self._attempts = 0
         self.identity = identity
         self.sio = socketio.AsyncClient(
             handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
@@ -152,20 +154,31 @@ class DroneClient:
             "running": running,
         }
 
+    def next_url(self) -> str:
+        """The relay to try next: the relays given take turns, so a dead one is skipped."""
+        self.url = self.urls[self._attempts % len(self.urls)]
+        self._attempts += 1
+        return self.url
+
     async def connect(self) -> None:
-        """Connect once; raise ``DroneRefusedError`` if the relay refuses this drone."""
-        try:
-            await self.sio.connect(
-                self.url,
-                auth=self.hello,
-                namespaces=[DRONE_NAMESPACE],
-                transports=["websocket"],
-                wait_timeout=10,
-            )
-        except socketio.exceptions.ConnectionError as error:
-            if self.refusal:
-                raise DroneRefusedError(self.refusal) from None
-            raise ConnectionError(f"Cannot reach the relay at {self.url}.") from error
+        """Connect to the first relay that answers; raise ``ConnectionError`` if none does,
+        ``DroneRefusedError`` if one refuses this drone."""
+        for _ in self.urls:
+            try:
+                await self.sio.connect(
+                    self.next_url,
+                    auth=self.hello,
+                    namespaces=[DRONE_NAMESPACE],
+                    transports=["websocket"],
+                    wait_timeout=10,
+                )
+            except socketio.exceptions.ConnectionError:
+                if self.refusal:
+                    raise DroneRefusedError(self.refusal) from None
+                continue
+            self._attempts = self.urls.index(self.url)  # reconnect to this relay first
+            return
+        raise ConnectionError(f"Cannot reach the relay at {', '.join(self.urls)}.")
 
     async def wait_refused(self) -> str:
         """Return when a reconnect is refused (the token was revoked, say)."""

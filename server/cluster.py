@@ -63,9 +63,11 @@ class Cluster(Protocol):
 
     async def remove_running(self, drone_id: str, turn_id: str) -> None: ...
 
-    async def append_text(self, turn_id: str, text: str) -> None: ...
+    async def append_text(self, turn_id: str, text: str) -> int:
+        """Add a text delta; returns its sequence number (1 for the turn's first)."""
 
-    async def text(self, turn_id: str) -> str: ...
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        """The turn's text so far and how many deltas it holds."""
 
     async def forget_text(self, turn_id: str) -> None: ...
 
@@ -116,11 +118,14 @@ class LocalCluster:
     async def remove_running(self, drone_id: str, turn_id: str) -> None:
         self.runs.get(drone_id, set()).discard(turn_id)
 
-    async def append_text(self, turn_id: str, text: str) -> None:
-        self.texts.setdefault(turn_id, []).append(text)
+    async def append_text(self, turn_id: str, text: str) -> int:
+        pieces = self.texts.setdefault(turn_id, [])
+        pieces.append(text)
+        return len(pieces)
 
-    async def text(self, turn_id: str) -> str:
-        return "".join(self.texts.get(turn_id, ()))
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        pieces = self.texts.get(turn_id, [])
+        return "".join(pieces), len(pieces)
 
     async def forget_text(self, turn_id: str) -> None:
         self.texts.pop(turn_id, None)
@@ -200,12 +205,13 @@ class RedisCluster:
     async def remove_running(self, drone_id: str, turn_id: str) -> None:
         await self.redis.srem(self.key("running", drone_id), turn_id)
 
-    async def append_text(self, turn_id: str, text: str) -> None:
-        await self.redis.append(self.key("text", turn_id), text)
+    async def append_text(self, turn_id: str, text: str) -> int:
+        seq: int = await self.redis.rpush(self.key("text", turn_id), text)
+        return seq
 
-    async def text(self, turn_id: str) -> str:
-        value = await self.redis.get(self.key("text", turn_id))
-        return _text(value) if value else ""
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        pieces = await self.redis.lrange(self.key("text", turn_id), 0, -1)
+        return "".join(_text(p) for p in pieces), len(pieces)
 
     async def forget_text(self, turn_id: str) -> None:
         await self.redis.delete(self.key("text", turn_id))

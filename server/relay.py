@@ -56,6 +56,7 @@ log = logging.getLogger("hangar.relay")
 
 DRONE_CALL_TIMEOUT = 10.0
 SWEEP_INTERVAL = 1.0
+DRONES_COALESCE = 0.05
 TURN_ENDED = "The turn has already ended."
 SESSION_BUSY = "This session already has a turn in progress."
 
@@ -109,6 +110,7 @@ class Relay:
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._drones_pending = False
 
     async def start(self) -> None:
         await self.cluster.start()
@@ -239,7 +241,7 @@ class Relay:
         for turn in turns:
             if turn.status == "processing":
                 processing = turn.turn_id
-                turn.text = await self.cluster.text(turn.turn_id)
+                turn.text, turn.text_seq = await self.cluster.text(turn.turn_id)
         return {
             "ok": True,
             "session": session.view(processing).wire(),
@@ -261,6 +263,17 @@ class Relay:
         return views
 
     async def broadcast_drones(self) -> None:
+        """Tell every browser the drone list changed, at most once per ``DRONES_COALESCE``.
+
+        Turns start and end in bursts; one list after the burst is what a person needs.
+        """
+        if self._drones_pending:
+            return
+        self._drones_pending = True
+        self._after(DRONES_COALESCE, self._send_drones)
+
+    async def _send_drones(self) -> None:
+        self._drones_pending = False
         await self.sio.emit(DRONES, await self.drone_views(), namespace=IDE_NAMESPACE)
 
     # ---- drones
@@ -299,12 +312,12 @@ class Relay:
         live = await self._attach(drone, event.turn_id)
         if isinstance(live, str):
             return {"ok": False, "error": live}
-        if isinstance(event, TextDelta) and event.depth == 0:
-            await self.cluster.append_text(event.turn_id, event.text)
-        elif isinstance(event, MessageAdded):
-            await self.store.append_messages(event.turn_id, [event.message])
         payload = event.wire()
         payload["sessionId"] = live.session_id
+        if isinstance(event, TextDelta) and event.depth == 0:
+            payload["seq"] = await self.cluster.append_text(event.turn_id, event.text)
+        elif isinstance(event, MessageAdded):
+            await self.store.append_messages(event.turn_id, [event.message])
         await self._to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
         return {"ok": True}
 
@@ -320,7 +333,7 @@ class Relay:
 
     async def end_turn(self, turn_id: str, status: TurnStatus, message: str) -> bool:
         """End a turn once: the first terminal write wins, later ones are logged and ignored."""
-        text = await self.cluster.text(turn_id)
+        text, _ = await self.cluster.text(turn_id)
         if not await self.store.end_turn(turn_id, status, message, text):
             log.info("late end ignored turn=%s status=%s", turn_id, status)
             return False

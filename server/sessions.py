@@ -156,7 +156,7 @@ Job = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class DroneSession:
-    """A drone connection. Its events are handled strictly in arrival order (see ``inbox``)."""
+    """A drone connection. Each turn's events are handled in the order sent (see ``lanes``)."""
 
     def __init__(self, relay: Relay, sid: str, hello: DroneHello) -> None:
         self.relay = relay
@@ -171,12 +171,10 @@ class DroneSession:
             concurrency=hello.concurrency,
         )
         self.replaced = False
-        # python-socketio runs every event in its own task; a queue drained by one task keeps a
-        # turn's progress, its final messages and its completion in the order the drone sent them.
-        self.inbox: asyncio.Queue[tuple[Job, asyncio.Future[dict[str, Any]]] | None] = (
-            asyncio.Queue()
-        )
-        self.worker = asyncio.ensure_future(self._drain())
+        # python-socketio runs every event in its own task. Each turn gets a lane: its events run
+        # one after another, in the order the drone sent them (progress, final messages, then
+        # completion), while different turns' lanes go on side by side.
+        self.lanes: dict[str, asyncio.Task[dict[str, Any]]] = {}
 
     async def on_work_order_progress(self, *args: Any) -> dict[str, Any]:
         try:
@@ -185,7 +183,7 @@ class DroneSession:
             )
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": _refusal(error)}
-        return await self._in_order(lambda: self.relay.progress(self, event))
+        return await self._in_order(event.turn_id, lambda: self.relay.progress(self, event))
 
     async def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
         if len(args) != 3:
@@ -194,28 +192,38 @@ class DroneSession:
             completion = Completion(turn_id=args[0], success=args[1], message=args[2])
         except ValidationError as error:
             return {"ok": False, "error": _refusal(error)}
-        return await self._in_order(lambda: self.relay.complete(self, completion))
+        return await self._in_order(
+            completion.turn_id, lambda: self.relay.complete(self, completion)
+        )
 
-    def _in_order(self, job: Job) -> asyncio.Future[dict[str, Any]]:
-        """Queue ``job`` behind everything this drone sent before; the future is its ack."""
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.inbox.put_nowait((job, answer))
-        return answer
+    def _in_order(self, turn_id: str, job: Job) -> asyncio.Task[dict[str, Any]]:
+        """Run ``job`` after the turn's earlier events; the task's result is the ack."""
+        lane = asyncio.ensure_future(self._after(self.lanes.get(turn_id), job))
+        self.lanes[turn_id] = lane
+
+        def leave(done: asyncio.Task[dict[str, Any]]) -> None:
+            if self.lanes.get(turn_id) is done:
+                del self.lanes[turn_id]
+
+        lane.add_done_callback(leave)
+        return lane
+
+    async def _after(
+        self, previous: asyncio.Task[dict[str, Any]] | None, job: Job
+    ) -> dict[str, Any]:
+        if previous is not None:
+            await asyncio.wait((previous,))
+        try:
+            return await job()
+        except Exception:
+            log.exception("drone event failed drone=%s", self.drone_id)
+            return {"ok": False, "error": "The relay could not handle that event."}
 
     async def close(self) -> None:
         """Finish what the drone sent before it left, then let the relay end its turns."""
-        self.inbox.put_nowait(None)
-        await self.worker
+        if self.lanes:
+            await asyncio.wait(list(self.lanes.values()))
         await self.relay.drone_left(self)
-
-    async def _drain(self) -> None:
-        while (item := await self.inbox.get()) is not None:
-            job, answer = item
-            try:
-                answer.set_result(await job())
-            except Exception:
-                log.exception("drone event failed drone=%s", self.drone_id)
-                answer.set_result({"ok": False, "error": "The relay could not handle that event."})
 
 
 def _refusal(error: Exception) -> str:

@@ -43,6 +43,8 @@ class TurnRecord:
     created_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     messages: list[ChatMessage] = field(default_factory=list)
+    text_seq: int = 0
+    """Live only: how many text deltas ``text`` holds while the turn is processing."""
 
     def view(self) -> TurnView:
         return TurnView(
@@ -52,6 +54,7 @@ class TurnRecord:
             status=self.status,
             result=self.result,
             text=self.text,
+            text_seq=self.text_seq,
             drone_id=self.drone_id,
             created_at=self.created_at,
             messages=self.messages,

@@ -129,6 +129,8 @@ class TurnView(Wire):
     """The ``workOrderComplete`` message once the turn has ended."""
     text: str = ""
     """The assistant text streamed so far (partial if aborted)."""
+    text_seq: int = 0
+    """How many text deltas ``text`` holds; browsers skip progress with ``seq`` up to it."""
     drone_id: str | None = None
     created_at: float
     messages: list[ChatMessage] = Field(default_factory=list)

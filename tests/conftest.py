@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,24 +238,27 @@ async def browser(browsers: Callable[..., Any]) -> Browser:
 
 
 @pytest.fixture
-def drone_process(relay: RelayHandle) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``hangar drone`` as a real subprocess (for tests that kill it)."""
-    started: list[subprocess.Popen[str]] = []
+    started: list[subprocess.Popen[bytes]] = []
 
-    def start(upstream: Upstream, name: str = "proc-drone") -> subprocess.Popen[str]:
+    def start(
+        upstream: Upstream, server: str, name: str = "proc-drone", concurrency: int = 1
+    ) -> subprocess.Popen[bytes]:
         settings = upstream.drone_settings()
         args = [
-            sys.executable, "-m", "server.cli", "drone",
-            "--server", relay.url, "--token", DRONE_TOKEN, "--name", name,
+            sys.executable, "-m", "server.cli", "drone", "--server", server,
+            "--token", DRONE_TOKEN, "--name", name, "--concurrency", str(concurrency),
             "--provider", settings["provider"], "--model", settings["model"],
+            "--workdir", str(tmp_path),
         ]  # fmt: skip
         if "base_url" in settings:
             args += ["--base-url", settings["base_url"], "--api-key", settings["api_key"]]
         else:
             args += ["--ollama-host", settings["ollama_host"]]
-        process = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        log = open(tmp_path / f"{name}-{len(started)}.log", "wb")  # noqa: SIM115
+        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
         started.append(process)
         return process
 
@@ -263,6 +267,102 @@ def drone_process(relay: RelayHandle) -> Iterator[Callable[..., subprocess.Popen
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
         process.wait(10)
+
+
+def need(service: str, reason: str) -> None:
+    """Skip a test whose service is missing, except in CI, where it is a failure."""
+    message = f"{service} is not reachable: {reason}"
+    if ci():
+        pytest.fail(f"{message} (required under CI=true)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for the test; dropped afterwards."""
+    import asyncpg
+
+    admin_url = os.environ.get(
+        "HANGAR_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    try:
+        admin = await asyncpg.connect(admin_url, timeout=5)
+    except (OSError, asyncpg.PostgresError) as error:
+        need("PostgreSQL", f"{admin_url}: {error}")
+    name = f"hangar_test_{os.getpid()}_{id(admin)}"
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def redis_url() -> AsyncIterator[str]:
+    """A Redis database emptied before and after the test."""
+    import redis.asyncio as aioredis
+
+    url = os.environ.get("HANGAR_TEST_REDIS", "redis://127.0.0.1:6379/15")
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.ping()
+    except (OSError, aioredis.RedisError) as error:
+        await client.aclose()
+        need("Redis", f"{url}: {error}")
+    await client.flushdb()
+    try:
+        yield url
+    finally:
+        await client.flushdb()
+        await client.aclose()
+
+
+@dataclass
+class RelayProcess:
+    url: str
+    process: asyncio.subprocess.Process
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+
+
+@pytest.fixture
+async def relay_processes(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> AsyncIterator[Callable[..., Any]]:
+    """Start ``hangar serve`` subprocesses sharing one PostgreSQL database and one Redis."""
+    started: list[RelayProcess] = []
+
+    async def start(
+        abort_grace: float = 2.0, drone_grace: float = 1.0, port: int = 0, redis: bool = True
+    ) -> RelayProcess:
+        log = open(tmp_path / f"relay-{len(started)}.log", "w+b")  # noqa: SIM115, ASYNC230
+        shared = ["--redis", redis_url] if redis else []
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+            "--database", postgres_url, *shared, "--drone-token", DRONE_TOKEN,
+            "--abort-grace", str(abort_grace), "--drone-grace", str(drone_grace),
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def listening() -> str | None:
+            log.seek(0)
+            found = re.search(rb"listening on (http://\S+)/", log.read())
+            if process.returncode is not None:
+                raise AssertionError(f"relay exited: {log.read().decode()}")
+            return found.group(1).decode() if found else None
+
+        url = await eventually(listening, timeout=20, what="the relay to listen")
+        relay = RelayProcess(url, process)
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        if relay.process.returncode is None:
+            relay.kill()
+        await relay.process.wait()
 
 
 def ci() -> bool:

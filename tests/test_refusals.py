@@ -49,11 +49,11 @@ async def test_submit_to_a_named_drone_that_is_offline_says_so(
 async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_offline(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
-    drone_process: Callable[..., subprocess.Popen[str]],
+    drone_process: Callable[..., subprocess.Popen[bytes]],
     browser: Browser,
 ) -> None:
     openai_peer.script(SLOW)
-    process = drone_process(Upstream("openai", openai_peer))
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url)
     await eventually(lambda: relay.relay.drones, timeout=15, what="the drone process")
     turn_id = (await browser.submit("Stream for a while"))["turnId"]
     await browser.wait_text(turn_id, pieces=2)

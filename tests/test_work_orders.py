@@ -196,3 +196,26 @@ async def _next_turn_finishes(browser: Browser, previous_turn_id: str) -> None:
     ack = await browser.submit("One more")
     _, success, _ = await browser.completion(ack["turnId"])
     assert success is True
+
+
+async def test_a_snapshot_mid_stream_plus_later_deltas_rebuilds_the_text_exactly(
+    relay: RelayHandle, openai_peer: Any, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    openai_peer.script(Reply(chunks=[f"c{i} " for i in range(400)], delay=0.002))
+    await start_drone(Upstream("openai", openai_peer))
+    token = "snapshot-person-token-0123456789abcdef"
+    writer: Browser = await browsers(token)
+    ack = await writer.submit("Stream fast")
+    await writer.wait_text(ack["turnId"], pieces=20)
+    readers: list[tuple[Browser, dict[str, Any]]] = []
+    for _ in range(5):
+        reader: Browser = await browsers(token)
+        opened = await reader.call("openSession", {"sessionId": ack["sessionId"]})
+        readers.append((reader, opened["turns"][0]))
+
+    await writer.completion(ack["turnId"])
+    stored_text = (await stored(relay, ack["turnId"])).text
+    for reader, snapshot in readers:
+        await reader.completion(ack["turnId"])
+        later = [p for p in reader.progress(ack["turnId"]) if p["seq"] > snapshot["textSeq"]]
+        assert snapshot["text"] + "".join(p["text"] for p in later) == stored_text

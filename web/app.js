@@ -467,7 +467,13 @@ function bufferOrphan(ev) {
 
 function applyProgress(card, ev) {
   if (!card.processing) return; // late output of an ended turn
-  if (ev.kind === "text") card.appendText(ev.text, ev.depth);
+  if (ev.kind === "text") {
+    if (!ev.depth && typeof ev.seq === "number") {
+      if (ev.seq <= card.textSeq) return; // already part of the snapshot the card came from
+      card.textSeq = ev.seq;
+    }
+    card.appendText(ev.text, ev.depth);
+  }
   else if (ev.kind === "tool") card.tool(ev);
   else return; // "message": stored history, nothing to show
   if (isShown(card)) scrollToBottom(false);
@@ -505,6 +511,11 @@ function syncControls() {
   }
   if (state.abortingTurnId !== turnId) state.abortingTurnId = null;
   if (state.abortPendingTurnId !== turnId) state.abortPendingTurnId = null;
+  if (!state.abortingTurnId && abortingToast) {
+    // The turn has ended (its card now says how): "Aborting…" would no longer be true.
+    abortingToast.dismiss();
+    abortingToast = null;
+  }
 
   const hadFocus = document.activeElement === els.cancel || document.activeElement === els.submit;
   if (turnId) {
@@ -592,7 +603,9 @@ async function submitPrompt() {
     });
   }
   if (!sessionAtSubmit && sessionId) {
-    openSession(sessionId);
+    // The relay already put this connection in the new session's room and sent its turn live.
+    // No openSession snapshot here: it could arrive between two progress events and show a
+    // chunk twice (the snapshot's text and the same chunk as progress after it).
     loadSessions();
   }
 }
@@ -627,6 +640,9 @@ function normalizeAbortAck(args) {
   return { success: Boolean(success), message: typeof message === "string" ? message : "" };
 }
 
+/** The "Aborting…" toast of the turn being aborted; dismissed once that turn has ended. */
+let abortingToast = null;
+
 function requestAbort() {
   const turnId = state.processingTurnId;
   if (!turnId) return;
@@ -647,7 +663,8 @@ function requestAbort() {
     }
     const { success, message } = normalizeAbortAck(args);
     if (success) {
-      toast("Aborting…");
+      abortingToast?.dismiss();
+      abortingToast = toast("Aborting…");
       if (state.processingTurnId === turnId) state.abortingTurnId = turnId;
     } else {
       toast(message || "The turn could not be aborted.", { error: true });

@@ -28,6 +28,8 @@ export class TurnCard {
     this.createdAt = view.createdAt;
     this.tools = new Map();
     this.lastSegment = null;
+    /** How many of the turn's text deltas this card already shows (from a relay snapshot). */
+    this.textSeq = Number(view.textSeq) || 0;
 
     this.timeEl = h("time", { class: "turn-time" });
     this.droneEl = h("span", { class: "turn-drone" });

@@ -1,0 +1,113 @@
+"""Real Chromium (Debian's, driven by Playwright) against a real relay.
+
+Every test gets its own browser process and a fresh browser context, so each page has its own
+identity cookie and nothing leaks between tests. When ``/usr/bin/chromium`` is missing the
+browser tests are skipped with a loud reason; under ``CI=true`` (or ``1``) they fail instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, RelayHandle, ci
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+# Bounded waits: generous enough for a loaded machine, short enough to fail fast on a hang.
+ACTION_TIMEOUT_MS = 15_000
+
+
+def _missing_browser() -> str | None:
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError as error:  # pragma: no cover - the dev extras install it
+        return f"the playwright Python package is not installed ({error})"
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} does not exist (install Debian's chromium package)"
+    return None
+
+
+def _require_browser() -> None:
+    reason = _missing_browser()
+    if reason is None:
+        return
+    message = f"BROWSER TESTS NOT RUN: {reason}"
+    if ci():
+        pytest.fail(f"{message}; a missing browser is a failure when CI is set", pytrace=False)
+    pytest.skip(message)
+
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember each phase's report on the item, so fixtures can tell a test failed."""
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    reports = request.node.stash.get(_REPORTS, {})
+    return any(report.failed for report in reports.values())
+
+
+def artifact(name: str) -> Path:
+    """A path under ``test-artifacts/`` (created on demand)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / name
+
+
+@pytest.fixture(autouse=True)
+def _browser_available() -> None:
+    """Skip (or, under CI, fail) before any relay or drone is started for nothing."""
+    _require_browser()
+
+
+@pytest.fixture
+async def page(relay: RelayHandle, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """A blank page in a fresh context of a freshly launched headless Chromium.
+
+    Not navigated yet (a test may install a fake clock first): use ``open_hangar``. Uncaught
+    JavaScript errors fail the test; a failing test leaves a screenshot in ``test-artifacts/``.
+    """
+    _require_browser()
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            context = await browser.new_context(viewport={"width": 1280, "height": 800})
+            context.set_default_timeout(ACTION_TIMEOUT_MS)
+            opened = await context.new_page()
+            errors: list[str] = []
+            opened.on("pageerror", lambda error: errors.append(str(error)))
+            yield opened
+            if _failed(request):
+                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+                with contextlib.suppress(Exception):  # best effort: the page may be gone
+                    await opened.screenshot(path=artifact(f"failed-{name}.png"), full_page=True)
+            assert not errors, f"uncaught JavaScript errors in the page: {errors}"
+            await context.close()
+        finally:
+            await browser.close()

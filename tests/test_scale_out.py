@@ -1,0 +1,343 @@
+"""Several relays on one PostgreSQL and one Redis, as real subprocesses: the person's view is the
+same as on one relay, and every turn ends exactly once whatever dies."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import socketio
+
+from server.postgres_store import PostgresTurnStore
+from server.store import TurnRecord
+from shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
+from tests.conftest import DRONE_TOKEN, Browser, Upstream, eventually
+from tests.peers import OpenAIPeer, Reply
+
+SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
+Start = Callable[..., Any]
+
+
+@pytest.fixture
+async def store(postgres_url: str) -> AsyncIterator[PostgresTurnStore]:
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def open_browser() -> AsyncIterator[Callable[..., Any]]:
+    opened: list[Browser] = []
+
+    async def connect(url: str, token: str | None = None) -> Browser:
+        browser = await Browser(url, token).connect()
+        opened.append(browser)
+        return browser
+
+    yield connect
+    for browser in opened:
+        await browser.close()
+
+
+async def drones_seen_from(browser: Browser, count: int = 1) -> list[dict[str, Any]]:
+    async def listed() -> list[dict[str, Any]]:
+        answer = await browser.call("listDrones", {})
+        drones: list[dict[str, Any]] = answer["drones"]
+        return drones
+
+    drones: list[dict[str, Any]] = []
+    for _ in range(1000):
+        drones = await listed()
+        if len(drones) >= count:
+            return drones
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} drone(s) never became visible; saw {drones}")
+
+
+async def stored(store: PostgresTurnStore, turn_id: str) -> TurnRecord:
+    turn = await store.get_turn(turn_id)
+    assert turn is not None
+    return turn
+
+
+async def test_a_browser_on_one_relay_aborts_a_drone_on_another(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.script(SLOW)
+    drone_process(Upstream("openai", openai_peer), server=b.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+
+    turn_id = (await browser.submit("Across relays"))["turnId"]
+    await browser.wait_text(turn_id, pieces=3, timeout=10)
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    assert browser.order_of(turn_id) == ["abortAck", "workOrderComplete"]
+    await openai_peer.wait_for_disconnect()
+    turn = await stored(store, turn_id)
+    assert turn.status == "aborted"
+    assert turn.text == browser.text(turn_id)
+    assert turn.messages[-1].aborted is True
+
+
+@pytest.mark.parametrize("aborted", [False, True], ids=["finishes", "aborted-later"])
+async def test_killing_the_drones_relay_mid_turn_moves_the_drone_and_ends_the_turn_once(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+    aborted: bool,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    reply = SLOW if aborted else Reply(chunks=[f"c{i} " for i in range(80)], delay=0.03)
+    openai_peer.script(reply)
+    drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Survive a relay"))["turnId"]
+    await browser.wait_text(turn_id, pieces=5, timeout=10)
+
+    b.kill()
+    if aborted:
+        await eventually(
+            lambda: len(browser.progress(turn_id)) > 40, timeout=15, what="the drone on relay A"
+        )
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    _, success, message = await browser.completion(turn_id, timeout=20)
+
+    assert success is True
+    assert message == ("aborted" if aborted else reply.text.strip()[:199] + "…")
+    turn = await stored(store, turn_id)
+    assert turn.status == ("aborted" if aborted else "finished")
+    assert len(browser.completions(turn_id)) == 1
+    assert await store.processing_turns() == []
+
+
+async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(drone_grace=1.0), await relay_processes(drone_grace=1.0)
+    openai_peer.script(SLOW)
+    process: subprocess.Popen[bytes] = drone_process(Upstream("openai", openai_peer), server=b.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Then the drone dies"))["turnId"]
+    await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+    process.kill()
+
+    assert await browser.completion(turn_id, timeout=10) == (
+        turn_id,
+        False,
+        "The drone disconnected.",
+    )
+    assert (await stored(store, turn_id)).status == "error"
+
+
+async def test_the_abort_watchdog_ends_a_turn_whose_drone_never_completes(
+    relay_processes: Start, open_browser: Start, store: PostgresTurnStore
+) -> None:
+    a, b = await relay_processes(abort_grace=1.0), await relay_processes(abort_grace=1.0)
+    stubborn = StubbornDrone()
+    await stubborn.connect(b.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    first = await browser.submit("Never ends")
+    await eventually(lambda: stubborn.orders, what="the work order at the drone")
+
+    assert await browser.abort(first["turnId"]) == (True, ABORT_SIGNALED)
+    assert await browser.completion(first["turnId"], timeout=10) == (
+        first["turnId"],
+        True,
+        "aborted",
+    )
+
+    second = await browser.submit("Next one", sessionId=first["sessionId"])
+    await eventually(lambda: len(stubborn.orders) == 2, what="the second work order")
+    late = await stubborn.call("workOrderComplete", (first["turnId"], True, "done at last"))
+    await stubborn.call(
+        "workOrderProgress", {"kind": "text", "turnId": second["turnId"], "text": "marker"}
+    )
+    await browser.wait_text(second["turnId"], pieces=1)
+
+    assert late == {"ok": False, "error": "The turn has already ended."}
+    assert len(browser.completions(first["turnId"])) == 1
+    assert (await stored(store, first["turnId"])).status == "aborted"
+    await stubborn.close()
+
+
+async def test_a_relay_restart_ends_orphaned_turns_and_keeps_those_a_live_drone_runs(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    port = _free_port()
+    relay = await relay_processes(port=port, redis=False)
+    openai_peer.script(SLOW)
+    drone_process(Upstream("openai", openai_peer), server=relay.url)
+    token = "restart-person-token-0123456789abcdef"
+    browser: Browser = await open_browser(relay.url, token)
+    await drones_seen_from(browser)
+    ack = await browser.submit("Keep going")
+    running = ack["turnId"]
+    await browser.wait_text(running, pieces=3, timeout=10)
+    orphan = TurnRecord(
+        turn_id="t_orphan", session_id="s_orphan", owner="someone", prompt="Left behind",
+        drone_id="gone-drone",
+    )  # fmt: skip
+    await _store_orphan(store, orphan)
+
+    relay.kill()
+    await relay.process.wait()
+    await browser.close()
+    relay = await relay_processes(port=port, redis=False)
+    browser = await open_browser(relay.url, token)
+    await drones_seen_from(browser)
+    reopened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
+    assert [t["status"] for t in reopened["turns"]] == ["processing"]
+
+    assert await browser.abort(running) == (True, ABORT_SIGNALED)
+    assert (await browser.completion(running, timeout=10))[1:] == (True, "aborted")
+    assert (await stored(store, running)).status == "aborted"
+    orphaned = await eventually(
+        lambda: _ended(store, "t_orphan"), timeout=10, what="the orphan to end"
+    )
+    assert (orphaned.status, orphaned.result) == ("error", "The relay restarted.")
+
+
+async def test_five_hundred_work_orders_with_random_aborts_each_end_exactly_once(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.default = Reply(chunks=[f"p{i} " for i in range(8)], delay=0.02)
+    for index, relay in enumerate((a, b)):
+        drone_process(
+            Upstream("openai", openai_peer), server=relay.url, name=f"d{index}", concurrency=50
+        )
+    browsers: list[Browser] = [await open_browser((a, b)[i % 2].url) for i in range(50)]
+    await drones_seen_from(browsers[0], count=2)
+    rng = random.Random(20261122)
+    seen: dict[str, tuple[str, bool, str]] = {}
+
+    async def person(browser: Browser) -> None:
+        for _ in range(10):
+            ack = await browser.submit("Race me")
+            assert ack["ok"] is True, ack
+            if rng.random() < 0.5:
+                await asyncio.sleep(rng.uniform(0, 0.2))  # a person's random moment, not a wait
+                await browser.abort(ack["turnId"])
+            seen[ack["turnId"]] = await browser.completion(ack["turnId"], timeout=30)
+
+    await asyncio.wait_for(asyncio.gather(*(person(b) for b in browsers)), 120)
+
+    assert len(seen) == 500
+    for browser in browsers:
+        for turn_id in {args[0] for event, args in browser.events if event == "workOrderComplete"}:
+            assert len(browser.completions(turn_id)) == 1, turn_id
+    statuses: dict[str, int] = {}
+    for turn_id, (_, success, message) in seen.items():
+        turn = await stored(store, turn_id)
+        expected = "error" if not success else ("aborted" if message == "aborted" else "finished")
+        assert turn.status == expected, (turn_id, turn.status, message)
+        statuses[turn.status] = statuses.get(turn.status, 0) + 1
+        assert turn.messages[0].role == "user"
+        assert all(m.role == "assistant" for m in turn.messages[1:])
+        assert all(m.aborted for m in turn.messages[1:]) or turn.status == "finished"
+    assert statuses.get("error", 0) == 0, statuses
+    assert statuses.get("aborted", 0) > 50 and statuses.get("finished", 0) > 50, statuses
+    assert await store.processing_turns() == []
+    assert not [r for r in openai_peer.requests if r.rejected]
+
+
+# ---- helpers
+
+
+class StubbornDrone:
+    """A drone that accepts work and acknowledges aborts, but never completes a turn."""
+
+    def __init__(self) -> None:
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.orders: list[dict[str, Any]] = []
+        self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
+
+    async def connect(self, url: str) -> None:
+        await self.sio.connect(
+            url,
+            namespaces=[DRONE_NAMESPACE],
+            transports=["websocket"],
+            auth={
+                "token": DRONE_TOKEN,
+                "droneId": "stubborn-1",
+                "name": "stubborn",
+                "provider": "openai",
+                "model": "m",
+                "concurrency": 5,
+            },
+        )
+
+    async def on_work_order(self, order: dict[str, Any]) -> dict[str, Any]:
+        self.orders.append(order)
+        return {"ok": True}
+
+    async def on_abort(self, request: dict[str, Any]) -> tuple[bool, str]:
+        return True, ABORT_SIGNALED
+
+    async def call(self, event: str, data: Any) -> Any:
+        return await self.sio.call(event, data, namespace=DRONE_NAMESPACE, timeout=5)
+
+    async def close(self) -> None:
+        await self.sio.disconnect()
+
+
+async def _store_orphan(store: PostgresTurnStore, turn: TurnRecord) -> None:
+    from server.store import SessionRecord
+
+    await store.create_session(SessionRecord(turn.session_id, turn.owner, "orphan"))
+    await store.create_turn(turn)
+
+
+_ended_turns: dict[str, TurnRecord] = {}
+
+
+def _ended(store: PostgresTurnStore, turn_id: str) -> TurnRecord | None:
+    """Poll the store from a sync predicate: schedule a read, return the last result."""
+    task = asyncio.ensure_future(store.get_turn(turn_id, messages=False))
+
+    def keep(done: asyncio.Future[TurnRecord | None]) -> None:
+        turn = done.result()
+        if turn is not None and turn.status != "processing":
+            _ended_turns[turn_id] = turn
+
+    task.add_done_callback(keep)
+    return _ended_turns.get(turn_id)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
