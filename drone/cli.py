@@ -138,10 +138,13 @@ def make_provider(config: DroneConfig) -> Provider:
     raise ValueError(f"Unknown provider {config.provider!r}: use one of {', '.join(PROVIDERS)}.")
 
 
-async def run_drone(config: DroneConfig, stop: asyncio.Event | None = None) -> int:
+async def run_drone(
+    config: DroneConfig, stop: asyncio.Event | None = None, live_status: bool = False
+) -> int:
     """Serve work orders until ``stop`` is set or the relay refuses this drone.
 
     On stop, running work orders are aborted and reported ``aborted`` before it returns 0.
+    ``live_status`` draws a status line (for a terminal) under the log lines.
     """
     provider = make_provider(config)
     client = DroneClient(
@@ -164,6 +167,7 @@ async def run_drone(config: DroneConfig, stop: asyncio.Event | None = None) -> i
     )
     client.service = service
     stop = stop or asyncio.Event()
+    status = StatusLine(client, service) if live_status else None
     try:
         await client.connect()
     except DroneRefusedError as error:
@@ -176,11 +180,14 @@ async def run_drone(config: DroneConfig, stop: asyncio.Event | None = None) -> i
         return 1
     stopped = asyncio.ensure_future(stop.wait())
     refused = asyncio.ensure_future(client.wait_refused())
+    drawing = asyncio.ensure_future(status.run()) if status else None
     try:
         await asyncio.wait((stopped, refused), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
         refused.cancel()
+        if drawing is not None:
+            drawing.cancel()
         if service.abort_all():
             log.info("aborting running work orders before exit")
         await service.drain()
@@ -190,6 +197,43 @@ async def run_drone(config: DroneConfig, stop: asyncio.Event | None = None) -> i
         print(f"hangar drone: the relay refused this drone: {client.refusal}", file=sys.stderr)
         return 2
     return 0
+
+
+class StatusLine(logging.Handler):
+    """In a terminal: one live status line at the bottom, log lines scrolling above it."""
+
+    def __init__(self, client: DroneClient, service: AgentService) -> None:
+        super().__init__()
+        self.client = client
+        self.service = service
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+
+    def text(self) -> str:
+        state = "connected to" if self.client.connected.is_set() else "reconnecting to"
+        return (
+            f"hangar drone · {state} {self.client.url} · {len(self.service.running)} running"
+            f" · {self.client.chunks_streamed} tokens streamed"
+        )
+
+    def draw(self) -> None:
+        sys.stderr.write("\r\x1b[K" + self.text())
+        sys.stderr.flush()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write("\r\x1b[K" + self.format(record) + "\n")
+        self.draw()
+
+    async def run(self) -> None:
+        root = logging.getLogger()
+        plain = root.handlers[:]
+        root.handlers = [self]
+        try:
+            while True:
+                self.draw()
+                await asyncio.sleep(0.5)
+        finally:
+            root.handlers = plain
+            sys.stderr.write("\r\x1b[K")
 
 
 def install_stop(stop: asyncio.Event) -> None:
@@ -223,6 +267,6 @@ def main(args: argparse.Namespace) -> int:
     async def run() -> int:
         stop = asyncio.Event()
         install_stop(stop)
-        return await run_drone(config, stop)
+        return await run_drone(config, stop, live_status=sys.stderr.isatty())
 
     return asyncio.run(run())

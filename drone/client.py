@@ -35,6 +35,8 @@ from .service import AgentService
 
 log = logging.getLogger("hangar.drone")
 
+CONFIRM_TIMEOUT = 10.0
+
 
 class DroneRefusedError(Exception):
     """The relay refused this drone (a bad token, say); retrying cannot help."""
@@ -58,6 +60,7 @@ class TurnReport:
         self.turn_id = turn_id
 
     async def text(self, text: str, depth: int) -> None:
+        self.client.chunks_streamed += 1
         event = TextDelta(turn_id=self.turn_id, text=text, depth=depth)
         await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
 
@@ -94,7 +97,10 @@ class DroneClient:
         self.service: AgentService | None = None
         self.outbox: deque[tuple[str, Any]] = deque()
         self.refusal: str | None = None
+        self.refused = asyncio.Event()
         self.connected = asyncio.Event()
+        self.chunks_streamed = 0
+        """Text chunks streamed from the model so far (about one token each)."""
         self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
         self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
         self.sio.on("connect_error", self._on_connect_error, namespace=DRONE_NAMESPACE)
@@ -107,7 +113,17 @@ class DroneClient:
         return TurnReport(self, turn_id)
 
     async def complete(self, turn_id: str, success: bool, message: str) -> None:
-        await self.send(WORK_ORDER_COMPLETE, (turn_id, success, message), durable=True)
+        """Report the end of a turn and wait until the relay has it (or keep it for later)."""
+        data = (turn_id, success, message)
+        if self.connected.is_set() and not self.outbox:
+            try:
+                await self.sio.call(
+                    WORK_ORDER_COMPLETE, data, namespace=DRONE_NAMESPACE, timeout=CONFIRM_TIMEOUT
+                )
+                return
+            except socketio.exceptions.SocketIOError:
+                pass
+        self.outbox.append((WORK_ORDER_COMPLETE, data))
 
     async def send(self, event: str, data: Any, *, durable: bool) -> None:
         if self.connected.is_set() and not self.outbox:
@@ -178,24 +194,19 @@ class DroneClient:
                 continue
             self._attempts = self.urls.index(self.url)  # reconnect to this relay first
             return
+        http = self.sio.eio.http  # engineio leaves its HTTP session open after a failed connect
+        if http is not None and not http.closed:
+            await http.close()
         raise ConnectionError(f"Cannot reach the relay at {', '.join(self.urls)}.")
 
     async def wait_refused(self) -> str:
         """Return when a reconnect is refused (the token was revoked, say)."""
-        while True:
-            await self.sio.wait()
-            if self.refusal:
-                return self.refusal
+        # Not sio.wait(): cancelling a task that awaits it would cancel engineio's read loop.
+        await self.refused.wait()
+        return self.refusal or ""
 
     async def close(self) -> None:
-        try:
-            await self.sio.disconnect()
-        except asyncio.CancelledError:
-            # engineio awaits its own read loop, which it may have cancelled; only a
-            # cancellation of this task itself is passed on.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
+        await self.sio.disconnect()
 
     async def _on_connect(self) -> None:
         self.refusal = None
@@ -217,6 +228,7 @@ class DroneClient:
         # The relay's own refusals arrive as {"message": ...}; transport failures as text.
         if isinstance(data, dict):
             self.refusal = str(data.get("message") or "The relay refused this drone.")
+            self.refused.set()
             log.debug("relay refused this drone: %s", self.refusal)
         else:
             log.debug("cannot reach the relay: %s", data)

@@ -88,6 +88,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", relay.metrics.serve)
     app.router.add_get("/vendor/socket.io.esm.min.js", socket_io_client)
     if (WEB_DIR / "index.html").exists():
         app.router.add_static("/static/", WEB_DIR, follow_symlinks=False)
@@ -123,6 +124,4 @@ async def socket_io_client(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
-    return web.json_response(
-        {"ok": True, "drones": len(relay.drones), "processing": len(relay.live)}
-    )
+    return web.json_response({"ok": True, "drones": len(relay.drones), "live": len(relay.live)})

@@ -82,7 +82,7 @@ class PostgresTurnStore:
             "INSERT INTO sessions (session_id, owner, title, created_at) VALUES ($1, $2, $3, $4)",
             session.session_id,
             session.owner,
-            session.title,
+            _pg(session.title),
             session.created_at,
         )
 
@@ -106,10 +106,10 @@ class PostgresTurnStore:
                     turn.turn_id,
                     turn.session_id,
                     turn.owner,
-                    turn.prompt,
+                    _pg(turn.prompt),
                     turn.status,
-                    turn.result,
-                    turn.text,
+                    _pg(turn.result),
+                    _pg(turn.text),
                     turn.drone_id,
                     turn.created_at,
                     turn.ended_at,
@@ -148,8 +148,8 @@ class PostgresTurnStore:
             "UPDATE turns SET status = $1, result = $2, text = $3, ended_at = $4"
             " WHERE turn_id = $5 AND status = 'processing'",
             status,
-            result,
-            text,
+            _pg(result),
+            _pg(text),
             time.time(),
             turn_id,
         )
@@ -188,5 +188,20 @@ async def _insert_messages(db: Any, turn_id: str, messages: list[ChatMessage]) -
     if messages:
         await db.executemany(
             "INSERT INTO messages (turn_id, body) VALUES ($1, $2::jsonb)",
-            [(turn_id, json.dumps(m.wire())) for m in messages],
+            [(turn_id, json.dumps(_without_nul(m.wire()))) for m in messages],
         )
+
+
+def _pg(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL; it is stored as U+FFFD (the replacement character)."""
+    return text.replace("\x00", "\ufffd") if text else text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return _pg(value)
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _without_nul(item) for key, item in value.items()}
+    return value

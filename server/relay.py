@@ -47,6 +47,7 @@ from shared.protocol import (
 )
 
 from .cluster import Cluster, DroneRoute
+from .metrics import RelayMetrics
 from .store import SessionBusyError, SessionRecord, TurnRecord, TurnStore, session_history
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class Relay:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         """Pending relay-side endings: abort watchdogs and orphaned turns, by turn id."""
         self.missing_since: dict[str, float] = {}
+        self.metrics = RelayMetrics()
         self.started_at = time.time()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -217,6 +219,7 @@ class Relay:
             # Marked just before the ack goes out: a completion waiting on it is sent after it.
             await self.cluster.abort_answered(turn_id)
         success, message = _abort_answer(answer)
+        self.metrics.abort_latency.observe(time.monotonic() - requested_at)
         log.info(
             "abort turn=%s drone=%s answer=%s %r in %.1f ms",
             turn_id,
@@ -291,6 +294,7 @@ class Relay:
         if previous is not None and previous is not drone:
             previous.replaced = True
         self.drones[drone.drone_id] = drone
+        self.metrics.drones.set(len(self.drones))
         await self.cluster.add_drone(drone.route, running)
         log.info("drone online drone=%s running=%d", drone.drone_id, len(running))
         await self.broadcast_drones()
@@ -298,6 +302,7 @@ class Relay:
     async def drone_left(self, drone: DroneSession) -> None:
         if self.drones.get(drone.drone_id) is drone:
             del self.drones[drone.drone_id]
+        self.metrics.drones.set(len(self.drones))
         await self.cluster.remove_drone(drone.drone_id, drone.sid)
         log.info("drone offline drone=%s", drone.drone_id)
         if not drone.replaced:
@@ -312,6 +317,7 @@ class Relay:
         live = await self._attach(drone, event.turn_id)
         if isinstance(live, str):
             return {"ok": False, "error": live}
+        self.metrics.progress_events.inc()
         payload = event.wire()
         payload["sessionId"] = live.session_id
         if isinstance(event, TextDelta) and event.depth == 0:
@@ -349,7 +355,8 @@ class Relay:
         await self.cluster.forget_text(turn_id)
         # The abort ack and the completion are separate; the ack goes first.
         await self.cluster.wait_abort_answered(turn_id, DRONE_CALL_TIMEOUT)
-        log.info("turn ended turn=%s status=%s", turn_id, status)
+        self.metrics.work_orders.labels(status).inc()
+        log.info("turn ended turn=%s drone=%s status=%s", turn_id, turn.drone_id, status)
         success = status != "error"
         await self._to_session(turn.session_id, WORK_ORDER_COMPLETE, (turn_id, success, message))
         await self._send_sessions(turn.owner)

@@ -83,7 +83,7 @@ def one_payload(args: tuple[Any, ...], limit: int | None = None) -> Any:
     if len(args) > 1:
         raise PayloadError("Invalid payload (expected one payload object).")
     if limit is not None:
-        size = len(json.dumps(args[0], separators=(",", ":")))
+        size = len(json.dumps(args[0], separators=(",", ":"), ensure_ascii=False).encode())
         if size > limit:
             raise PayloadError(
                 f"The payload is too large ({size} bytes; the limit is {limit} bytes)."
@@ -280,6 +280,7 @@ class IdeNamespace(_Namespace):
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
         owner = browser_identity(environ, auth)
         self.sessions[sid] = CodeSession(self.relay, sid, owner)
+        self.relay.metrics.browsers.set(len(self.sessions))
         await self.enter_room(sid, owner_room(owner))
         await self.emit(HELLO, {"browserId": owner[:12]}, to=sid)
         await self.emit(DRONES, await self.relay.drone_views(), to=sid)
@@ -287,6 +288,7 @@ class IdeNamespace(_Namespace):
 
     async def disconnect(self, sid: str) -> None:
         self.sessions.pop(sid, None)
+        self.relay.metrics.browsers.set(len(self.sessions))
 
 
 class DroneNamespace(_Namespace):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -54,6 +55,9 @@ class SqliteTurnStore:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._db: aiosqlite.Connection | None = None
+        # One connection serves every caller: a write and its commit go together, so one
+        # caller's commit never publishes another's half-done change.
+        self._writing = asyncio.Lock()
 
     @property
     def db(self) -> aiosqlite.Connection:
@@ -82,11 +86,12 @@ class SqliteTurnStore:
             self._db = None
 
     async def create_session(self, session: SessionRecord) -> None:
-        await self.db.execute(
-            "INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
-            (session.session_id, session.owner, session.title, session.created_at),
-        )
-        await self.db.commit()
+        async with self._writing:
+            await self._run(
+                "INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
+                (session.session_id, session.owner, session.title, session.created_at),
+            )
+            await self.db.commit()
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         async with self.db.execute(
@@ -102,18 +107,20 @@ class SqliteTurnStore:
             return [_session(row) for row in await cursor.fetchall()]
 
     async def create_turn(self, turn: TurnRecord) -> None:
-        try:
-            await self._insert_turn(turn)
-        except sqlite3.IntegrityError as error:
-            await self.db.rollback()
-            if "turns.session_id" in str(error):
-                raise SessionBusyError() from None
-            raise
-        await self._insert_messages(turn.turn_id, turn.messages)
-        await self.db.commit()
+        async with self._writing:
+            try:
+                await self._insert_turn(turn)
+            except sqlite3.IntegrityError as error:
+                # Only the failed INSERT is undone; no rollback, which would also undo
+                # other callers' pending writes on this shared connection.
+                if "turns.session_id" in str(error):
+                    raise SessionBusyError() from None
+                raise
+            await self._insert_messages(turn.turn_id, turn.messages)
+            await self.db.commit()
 
     async def _insert_turn(self, turn: TurnRecord) -> None:
-        await self.db.execute(
+        await self._run(
             "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
             " drone_id, created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -145,23 +152,24 @@ class SqliteTurnStore:
         return await self._with_messages(rows)
 
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
-        await self._insert_messages(turn_id, messages)
-        await self.db.commit()
+        async with self._writing:
+            await self._insert_messages(turn_id, messages)
+            await self.db.commit()
 
     async def set_drone(self, turn_id: str, drone_id: str | None) -> None:
-        await self.db.execute(
-            "UPDATE turns SET drone_id = ? WHERE turn_id = ?", (drone_id, turn_id)
-        )
-        await self.db.commit()
+        async with self._writing:
+            await self._run("UPDATE turns SET drone_id = ? WHERE turn_id = ?", (drone_id, turn_id))
+            await self.db.commit()
 
     async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
-        cursor = await self.db.execute(
-            "UPDATE turns SET status = ?, result = ?, text = ?, ended_at = ?"
-            " WHERE turn_id = ? AND status = 'processing'",
-            (status, result, text, time.time(), turn_id),
-        )
-        await self.db.commit()
-        return cursor.rowcount == 1
+        async with self._writing:
+            changed = await self._run(
+                "UPDATE turns SET status = ?, result = ?, text = ?, ended_at = ?"
+                " WHERE turn_id = ? AND status = 'processing'",
+                (status, result, text, time.time(), turn_id),
+            )
+            await self.db.commit()
+        return changed == 1
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None
@@ -176,10 +184,16 @@ class SqliteTurnStore:
 
     async def _insert_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         if messages:
-            await self.db.executemany(
+            cursor = await self.db.executemany(
                 "INSERT INTO messages (turn_id, body) VALUES (?, ?)",
                 [(turn_id, json.dumps(m.wire())) for m in messages],
             )
+            await cursor.close()
+
+    async def _run(self, sql: str, parameters: tuple[Any, ...]) -> int:
+        """Execute one statement and close its cursor; returns the rows it changed."""
+        async with self.db.execute(sql, parameters) as cursor:
+            return cursor.rowcount
 
     async def _with_messages(self, rows: list[Any]) -> list[TurnRecord]:
         turns = [_turn(row) for row in rows]

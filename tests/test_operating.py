@@ -1,0 +1,138 @@
+"""What an operator sees: metrics, health, and the drone command in and out of a terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.conftest import DRONE_TOKEN, ROOT, Browser, RelayHandle, Upstream, eventually
+from tests.peers import OpenAIPeer, Reply
+
+
+async def metrics_of(relay: RelayHandle) -> dict[str, float]:
+    async with aiohttp.ClientSession() as http, http.get(relay.url + "/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = await response.text()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+async def test_metrics_count_connections_endings_aborts_and_progress(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+) -> None:
+    openai_peer.script(
+        Reply(chunks=["a", "b", "c"]), Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    finished = await browser.submit("Quick")
+    await browser.completion(finished["turnId"])
+    aborted = await browser.submit("Slow")
+    await browser.wait_text(aborted["turnId"], pieces=2)
+    await browser.abort(aborted["turnId"])
+    await browser.completion(aborted["turnId"])
+
+    metrics = await metrics_of(relay)
+
+    assert metrics["hangar_browsers_connected"] == 1
+    assert metrics["hangar_drones_connected"] == 1
+    assert metrics['hangar_work_orders_total{status="finished"}'] == 1
+    assert metrics['hangar_work_orders_total{status="aborted"}'] == 1
+    assert metrics['hangar_work_orders_total{status="error"}'] == 0
+    assert metrics["hangar_abort_latency_seconds_count"] == 1
+    assert metrics["hangar_progress_events_total"] >= 3 + 2 + 2
+
+
+async def test_healthz_answers_with_what_the_relay_holds(relay: RelayHandle) -> None:
+    async with aiohttp.ClientSession() as http, http.get(relay.url + "/healthz") as response:
+        assert response.status == 200
+        assert await response.json() == {"ok": True, "drones": 0, "live": 0}
+
+
+async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cleanly(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03))
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Long job"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    process.send_signal(signal.SIGINT)
+
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    await openai_peer.wait_for_disconnect()
+    assert await asyncio.to_thread(process.wait, 10) == 0
+
+
+async def test_ctrl_c_twice_exits_at_once(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+
+    assert await asyncio.to_thread(process.wait, 10) in (0, 130)
+
+
+async def test_the_drone_draws_a_live_status_line_in_a_terminal(
+    relay: RelayHandle, openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    leader, follower = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", "drone", "--server", relay.url,
+        "--token", DRONE_TOKEN, "--name", "tty-drone", "--workdir", str(tmp_path),
+        "--base-url", openai_peer.base_url + "/v1", "--api-key", "k",
+        cwd=ROOT, stdin=follower, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    screen = b""
+    try:
+        while b"tokens streamed" not in screen:
+            chunk = await asyncio.wait_for(asyncio.to_thread(os.read, leader, 4096), 15)
+            screen += chunk
+    finally:
+        process.send_signal(signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 10)
+        os.close(leader)
+    line = screen.decode(errors="replace").split("\r\x1b[K")[-1]
+    assert line.startswith(f"hangar drone · connected to {relay.url} · 0 running")
+
+
+async def test_the_drone_logs_plain_lines_when_not_in_a_terminal(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url, name="plain")
+    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(process.wait, 10) == 0
+
+    output = (tmp_path / "plain-0.log").read_text()
+    assert "INFO hangar.drone connected to relay" in output
+    assert "\x1b[K" not in output and "tokens streamed" not in output

@@ -1,0 +1,462 @@
+"""The ``TurnStore`` contract, checked against every implementation (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar, cast
+
+import pytest
+
+from server.postgres_store import PostgresTurnStore
+from server.sqlite_store import SqliteTurnStore
+from server.store import SessionBusyError, SessionRecord, TurnRecord, TurnStore, session_history
+from shared.protocol import TERMINAL_STATUSES, ChatMessage, ToolCall, TurnStatus
+
+STORES = ["sqlite", "postgres"]
+T = TypeVar("T")
+
+
+@dataclass
+class Location:
+    kind: str
+    where: str
+
+    def store(self) -> TurnStore:
+        if self.kind == "sqlite":
+            return SqliteTurnStore(self.where)
+        return PostgresTurnStore(self.where)
+
+
+@pytest.fixture(params=STORES)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
+    """Where a store of each kind lives: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "postgres":
+        return Location("postgres", cast(str, request.getfixturevalue("postgres_url")))
+    return Location("sqlite", str(tmp_path / "store.db"))
+
+
+@pytest.fixture
+async def store(location: Location) -> AsyncIterator[TurnStore]:
+    """An opened, empty store of each kind; closed afterwards."""
+    opened = location.store()
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def new_session(
+    store: TurnStore, session_id: str, owner: str = "alice", created_at: float = 1000.0
+) -> SessionRecord:
+    session = SessionRecord(session_id, owner, f"Title of {session_id}", created_at)
+    await store.create_session(session)
+    return session
+
+
+async def new_turn(
+    store: TurnStore,
+    turn_id: str,
+    session_id: str,
+    owner: str = "alice",
+    created_at: float = 2000.0,
+    messages: list[ChatMessage] | None = None,
+) -> TurnRecord:
+    turn = TurnRecord(
+        turn_id=turn_id,
+        session_id=session_id,
+        owner=owner,
+        prompt=f"prompt of {turn_id}",
+        drone_id="drone-1",
+        created_at=created_at,
+        messages=messages if messages is not None else [ChatMessage(role="user", content="Hi")],
+    )
+    await store.create_turn(turn)
+    return turn
+
+
+def rich_messages() -> list[ChatMessage]:
+    """Messages using every optional field, with text that is awkward to store."""
+    return [
+        ChatMessage(role="system", content="You are terse."),
+        ChatMessage(role="user", content="Read 'a.txt' — «ünïcødé» 🚀\nline two\t\"quoted\"\\"),
+        ChatMessage(
+            role="assistant",
+            content="",
+            tool_calls=[
+                ToolCall(id="call_1", name="read_file", arguments='{"path": "a.txt"}'),
+                ToolCall(id="call:2.b-c", name="run", arguments="{}"),
+            ],
+        ),
+        ChatMessage(role="tool", content="contents of a", tool_call_id="call_1", name="read_file"),
+        ChatMessage(role="tool", content="", tool_call_id="call:2.b-c", name="run"),
+        ChatMessage(role="assistant", content="Partial answ", aborted=True),
+        ChatMessage(role="assistant", content="Complete.", aborted=False),
+    ]
+
+
+# ---- sessions
+
+
+async def test_a_created_session_can_be_read_back(store: TurnStore) -> None:
+    session = await new_session(store, "s_1", created_at=1234.5678)
+
+    assert await store.get_session("s_1") == session
+    assert await store.get_session("s_missing") is None
+
+
+async def test_sessions_are_listed_per_owner_newest_first(store: TurnStore) -> None:
+    await new_session(store, "s_old", "alice", created_at=100.0)
+    await new_session(store, "s_bob", "bob", created_at=150.0)
+    await new_session(store, "s_new", "alice", created_at=300.0)
+    await new_session(store, "s_mid", "alice", created_at=200.0)
+
+    alice = await store.list_sessions("alice")
+    assert [s.session_id for s in alice] == ["s_new", "s_mid", "s_old"]
+    assert all(s.owner == "alice" for s in alice)
+    assert [s.session_id for s in await store.list_sessions("bob")] == ["s_bob"]
+    assert await store.list_sessions("carol") == []
+
+
+# ---- turns and messages
+
+
+async def test_a_turn_is_stored_processing_with_its_first_messages(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    first = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Q")]
+    created = await new_turn(store, "t_1", "s_1", created_at=2000.25, messages=first)
+
+    turn = await store.get_turn("t_1")
+
+    assert turn is not None
+    assert turn.status == "processing"
+    assert (turn.turn_id, turn.session_id, turn.owner, turn.prompt, turn.drone_id) == (
+        "t_1",
+        "s_1",
+        "alice",
+        created.prompt,
+        "drone-1",
+    )
+    assert (turn.result, turn.text, turn.ended_at) == (None, "", None)
+    assert turn.created_at == 2000.25
+    assert turn.messages == first
+    assert await store.get_turn("t_missing") is None
+
+
+async def test_get_turn_without_messages_omits_them(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1", messages=rich_messages())
+
+    bare = await store.get_turn("t_1", messages=False)
+
+    assert bare is not None and bare.messages == []
+    assert bare.status == "processing" and bare.prompt == "prompt of t_1"
+
+
+async def test_appended_messages_keep_their_order_and_round_trip_exactly(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    first = [ChatMessage(role="user", content="Start")]
+    await new_turn(store, "t_1", "s_1", messages=first)
+    later = rich_messages()
+
+    await store.append_messages("t_1", later[:3])
+    await store.append_messages("t_1", [])
+    await store.append_messages("t_1", later[3:4])
+    await store.append_messages("t_1", later[4:])
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None
+    assert turn.messages == first + later
+    assert [m.wire() for m in turn.messages] == [m.wire() for m in first + later]
+    assert turn.messages[3].tool_calls is not None
+    assert turn.messages[3].tool_calls[1].id == "call:2.b-c"
+    assert turn.messages[-2].aborted is True and turn.messages[-1].aborted is False
+    assert turn.messages[1].aborted is None
+
+
+async def test_set_drone_changes_only_the_drone(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+
+    await store.set_drone("t_1", "drone-2")
+    moved = await store.get_turn("t_1")
+    await store.set_drone("t_1", None)
+    cleared = await store.get_turn("t_1")
+
+    assert moved is not None and moved.drone_id == "drone-2" and moved.status == "processing"
+    assert cleared is not None and cleared.drone_id is None
+    assert [m.content for m in cleared.messages] == ["Hi"]
+
+
+async def test_turns_of_a_session_are_listed_oldest_first_with_their_messages(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    await new_session(store, "s_2")
+    for number, created_at in enumerate([10.0, 20.0, 30.0]):
+        turn_id = f"t_{number}"
+        await new_turn(
+            store,
+            turn_id,
+            "s_1",
+            created_at=created_at,
+            messages=[ChatMessage(role="user", content=f"q{number}")],
+        )
+        await store.end_turn(turn_id, "finished", "done", f"a{number}")
+    await new_turn(store, "t_other", "s_2")
+
+    turns = await store.list_turns("s_1")
+
+    assert [t.turn_id for t in turns] == ["t_0", "t_1", "t_2"]
+    assert [[m.content for m in t.messages] for t in turns] == [["q0"], ["q1"], ["q2"]]
+    assert await store.list_turns("s_missing") == []
+
+
+# ---- first terminal write wins
+
+
+@pytest.mark.parametrize("first", TERMINAL_STATUSES)
+async def test_the_first_terminal_write_wins(store: TurnStore, first: TurnStatus) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+
+    assert await store.end_turn("t_1", first, f"result {first}", f"text {first}") is True
+    for later in TERMINAL_STATUSES:
+        assert await store.end_turn("t_1", later, "late result", "late text") is False
+    assert await store.end_turn("t_1", "processing", "reopened", "") is False
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None
+    assert (turn.status, turn.result, turn.text) == (first, f"result {first}", f"text {first}")
+    assert turn.ended_at is not None and turn.ended_at >= turn.created_at
+
+
+async def test_ending_an_unknown_turn_changes_nothing(store: TurnStore) -> None:
+    assert await store.end_turn("t_missing", "finished", "done", "") is False
+    assert await store.get_turn("t_missing") is None
+
+
+async def test_exactly_one_of_many_concurrent_terminal_writes_wins(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    attempts: list[tuple[TurnStatus, str, str]] = [
+        (TERMINAL_STATUSES[i % 3], f"result {i}", f"text {i}") for i in range(20)
+    ]
+
+    outcomes = await asyncio.gather(
+        *(store.end_turn("t_1", status, result, text) for status, result, text in attempts)
+    )
+
+    assert outcomes.count(True) == 1
+    winner = attempts[outcomes.index(True)]
+    turn = await store.get_turn("t_1")
+    assert turn is not None
+    assert (turn.status, turn.result, turn.text) == winner
+
+
+# ---- one processing turn per session
+
+
+async def test_a_session_has_at_most_one_processing_turn(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1", created_at=10.0)
+
+    with pytest.raises(SessionBusyError):
+        await new_turn(store, "t_2", "s_1", created_at=20.0)
+    assert await store.get_turn("t_2") is None
+    assert [t.turn_id for t in await store.list_turns("s_1")] == ["t_1"]
+
+    assert await store.end_turn("t_1", "aborted", "aborted", "") is True
+    await new_turn(store, "t_3", "s_1", created_at=30.0)
+
+    assert [t.turn_id for t in await store.processing_turns(session_id="s_1")] == ["t_3"]
+    assert [t.turn_id for t in await store.list_turns("s_1")] == ["t_1", "t_3"]
+
+
+async def test_a_busy_session_does_not_block_other_sessions(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_session(store, "s_2")
+    await new_turn(store, "t_1", "s_1")
+
+    await new_turn(store, "t_2", "s_2")
+
+    assert {t.turn_id for t in await store.processing_turns()} == {"t_1", "t_2"}
+
+
+async def test_concurrent_turns_in_one_session_let_exactly_one_in(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+
+    outcomes = await asyncio.gather(
+        *(new_turn(store, f"t_{i}", "s_1", created_at=float(i)) for i in range(10)),
+        return_exceptions=True,
+    )
+
+    created = [o for o in outcomes if isinstance(o, TurnRecord)]
+    assert len(created) == 1
+    assert all(isinstance(o, SessionBusyError) for o in outcomes if o not in created)
+    assert [t.turn_id for t in await store.list_turns("s_1")] == [created[0].turn_id]
+    stored = await store.get_turn(created[0].turn_id)
+    assert stored is not None and [m.content for m in stored.messages] == ["Hi"]
+
+
+async def after_yields(count: int, work: Awaitable[T]) -> T:
+    """``work``, started after ``count`` passes through the event loop."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+    return await work
+
+
+async def test_a_refused_turn_does_not_undo_a_concurrent_ending(store: TurnStore) -> None:
+    await new_session(store, "s_busy")
+    await new_turn(store, "t_busy", "s_busy")
+    problems: list[str] = []
+    for refused_after in range(4):
+        for ended_after in range(4):
+            session_id = f"s_{refused_after}_{ended_after}"
+            await new_session(store, session_id)
+            ending = await new_turn(store, f"t_{refused_after}_{ended_after}", session_id)
+            refused, ended = await asyncio.gather(
+                after_yields(refused_after, new_turn(store, f"t_x{session_id}", "s_busy")),
+                after_yields(ended_after, store.end_turn(ending.turn_id, "finished", "ok", "")),
+                return_exceptions=True,
+            )
+            assert isinstance(refused, SessionBusyError) and ended is True
+            turn = await store.get_turn(ending.turn_id)
+            assert turn is not None
+            if turn.status != "finished":
+                problems.append(f"{ending.turn_id}: won, yet stored as {turn.status}")
+            if await store.end_turn(ending.turn_id, "error", "late", ""):
+                problems.append(f"{ending.turn_id}: a second terminal write won too")
+
+    assert problems == []
+
+
+# ---- processing turns
+
+
+async def test_processing_turns_filter_by_owner_and_session_and_skip_ended_ones(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_a1", "alice")
+    await new_session(store, "s_a2", "alice")
+    await new_session(store, "s_a3", "alice")
+    await new_session(store, "s_b1", "bob")
+    await new_turn(store, "t_a1", "s_a1", "alice", created_at=30.0)
+    await new_turn(store, "t_a2", "s_a2", "alice", created_at=10.0)
+    await new_turn(store, "t_a3", "s_a3", "alice", created_at=20.0)
+    await new_turn(store, "t_b1", "s_b1", "bob", created_at=15.0)
+    await store.end_turn("t_a3", "finished", "done", "")
+
+    def ids(turns: list[TurnRecord]) -> list[str]:
+        return [t.turn_id for t in turns]
+
+    assert ids(await store.processing_turns()) == ["t_a2", "t_b1", "t_a1"]
+    assert ids(await store.processing_turns(owner="alice")) == ["t_a2", "t_a1"]
+    assert ids(await store.processing_turns(owner="bob")) == ["t_b1"]
+    assert ids(await store.processing_turns(owner="carol")) == []
+    assert ids(await store.processing_turns(session_id="s_a1")) == ["t_a1"]
+    assert ids(await store.processing_turns(session_id="s_a3")) == []
+    assert ids(await store.processing_turns(owner="alice", session_id="s_a2")) == ["t_a2"]
+    assert ids(await store.processing_turns(owner="bob", session_id="s_a2")) == []
+    processing = await store.processing_turns()
+    assert all(t.status == "processing" and t.messages == [] for t in processing)
+
+
+# ---- history
+
+
+async def test_session_history_concatenates_every_turns_messages_in_order(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    await new_session(store, "s_other")
+    messages = rich_messages()
+    await new_turn(store, "t_1", "s_1", created_at=10.0, messages=messages[:2])
+    await store.append_messages("t_1", messages[2:5])
+    await store.end_turn("t_1", "finished", "ok", "")
+    await new_turn(store, "t_other", "s_other", created_at=15.0)
+    await new_turn(store, "t_2", "s_1", created_at=20.0, messages=messages[5:6])
+    await store.end_turn("t_2", "aborted", "aborted", "Partial answ")
+    await new_turn(store, "t_3", "s_1", created_at=30.0, messages=[])
+    await store.append_messages("t_3", messages[6:])
+
+    assert await session_history(store, "s_1") == messages
+    assert await session_history(store, "s_missing") == []
+
+
+# ---- opening and migrating
+
+
+async def test_opening_an_existing_store_again_keeps_its_data(location: Location) -> None:
+    first = location.store()
+    await first.open()
+    try:
+        await new_session(first, "s_1")
+        await new_turn(first, "t_1", "s_1", messages=rich_messages())
+    finally:
+        await first.close()
+
+    for _ in range(2):
+        again = location.store()
+        await again.open()
+        try:
+            turn = await again.get_turn("t_1")
+            assert turn is not None and turn.messages == rich_messages()
+            assert [s.session_id for s in await again.list_sessions("alice")] == ["s_1"]
+            with pytest.raises(SessionBusyError):
+                await new_turn(again, "t_2", "s_1")
+        finally:
+            await again.close()
+
+
+async def test_two_stores_opened_at_once_on_a_fresh_postgres_database_both_work(
+    postgres_url: str,
+) -> None:
+    stores = [PostgresTurnStore(postgres_url) for _ in range(4)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        await new_session(stores[0], "s_1")
+        await new_turn(stores[1], "t_1", "s_1")
+
+        for each in stores:
+            turn = await each.get_turn("t_1")
+            assert turn is not None and turn.status == "processing"
+        with pytest.raises(SessionBusyError):
+            await new_turn(stores[2], "t_2", "s_1")
+        ends = await asyncio.gather(
+            *(s.end_turn("t_1", "finished", f"by {i}", "") for i, s in enumerate(stores))
+        )
+        assert ends.count(True) == 1
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_text_with_nul_characters_is_kept_as_a_replacement_on_postgres(
+    store: TurnStore, location: Location
+) -> None:
+    nul = "\x00" if location.kind == "sqlite" else "\ufffd"  # PostgreSQL text cannot hold NUL
+    await new_session(store, "s_1")
+    await store.create_session(SessionRecord("s_2", "alice", "nul \x00 title", 1.0))
+    message = ChatMessage(role="tool", content="binary\x00output", tool_call_id="c1")
+    turn = TurnRecord("t_1", "s_1", "alice", "prompt \x00", messages=[message])
+    await store.create_turn(turn)
+    await store.append_messages("t_1", [message])
+
+    assert await store.end_turn("t_1", "finished", "done \x00", "text \x00") is True
+
+    stored = await store.get_turn("t_1")
+    assert stored is not None
+    assert (stored.prompt, stored.result, stored.text) == (
+        f"prompt {nul}",
+        f"done {nul}",
+        f"text {nul}",
+    )
+    kept = message.model_copy(update={"content": f"binary{nul}output"})
+    assert stored.messages == [kept, kept]
+    session = await store.get_session("s_2")
+    assert session is not None and session.title == f"nul {nul} title"
