@@ -89,6 +89,9 @@ class AgentService:
         messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
         try:
             answer = await agent.run(messages, signal)
+            # An abort acknowledged as the last chunk arrived still ends the turn aborted:
+            # the person was told "Abort signaled".
+            controller.signal.throw_if_aborted()
             success, message = True, _summary(answer)
         except AbortTimeoutError as error:
             log.info("deadline turn=%s: %s", order.turn_id, error)

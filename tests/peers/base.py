@@ -159,10 +159,13 @@ class UpstreamPeer:
             self._notify()
             try:
                 return await handler(request, rec)
-            except (asyncio.CancelledError, ConnectionError):
+            except (asyncio.CancelledError, ConnectionError) as gone:
                 if not self._stopping and not rec.completed:
                     rec.disconnected = True
                     rec.disconnected_at = time.monotonic()
+                if isinstance(gone, ConnectionError):
+                    # The client hung up while we wrote: nothing left to answer.
+                    return web.StreamResponse()
                 raise
             finally:
                 rec.ended = time.monotonic()
