@@ -138,11 +138,6 @@ class PostgresTurnStore:
         async with self.pool.acquire() as db:
             await _insert_messages(db, turn_id, messages)
 
-    async def set_drone(self, turn_id: str, drone_id: str | None) -> None:
-        await self.pool.execute(
-            "UPDATE turns SET drone_id = $1 WHERE turn_id = $2", drone_id, turn_id
-        )
-
     async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
         outcome = await self.pool.execute(
             "UPDATE turns SET status = $1, result = $2, text = $3, ended_at = $4"

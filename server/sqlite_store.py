@@ -156,11 +156,6 @@ class SqliteTurnStore:
             await self._insert_messages(turn_id, messages)
             await self.db.commit()
 
-    async def set_drone(self, turn_id: str, drone_id: str | None) -> None:
-        async with self._writing:
-            await self._run("UPDATE turns SET drone_id = ? WHERE turn_id = ?", (drone_id, turn_id))
-            await self.db.commit()
-
     async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
         async with self._writing:
             changed = await self._run(

@@ -93,8 +93,6 @@ class TurnStore(Protocol):
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         """Append finished messages to a turn's part of the conversation."""
 
-    async def set_drone(self, turn_id: str, drone_id: str | None) -> None: ...
-
     async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
         """Move a ``processing`` turn to a terminal status.
 

@@ -179,20 +179,6 @@ async def test_appended_messages_keep_their_order_and_round_trip_exactly(
     assert turn.messages[1].aborted is None
 
 
-async def test_set_drone_changes_only_the_drone(store: TurnStore) -> None:
-    await new_session(store, "s_1")
-    await new_turn(store, "t_1", "s_1")
-
-    await store.set_drone("t_1", "drone-2")
-    moved = await store.get_turn("t_1")
-    await store.set_drone("t_1", None)
-    cleared = await store.get_turn("t_1")
-
-    assert moved is not None and moved.drone_id == "drone-2" and moved.status == "processing"
-    assert cleared is not None and cleared.drone_id is None
-    assert [m.content for m in cleared.messages] == ["Hi"]
-
-
 async def test_turns_of_a_session_are_listed_oldest_first_with_their_messages(
     store: TurnStore,
 ) -> None:
