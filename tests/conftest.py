@@ -4,6 +4,7 @@ LLM upstream peers. Everything talks over loopback sockets; nothing of Hangar is
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import re
 import signal
@@ -31,10 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 async def eventually(
     check: Callable[[], Any], timeout: float = 5.0, what: str = "condition"
 ) -> Any:
-    """Wait until ``check()`` is truthy (bounded); returns its value."""
+    """Wait until ``check()`` (plain or async) is truthy, within ``timeout``; returns its value."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:

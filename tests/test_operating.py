@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.conftest import DRONE_TOKEN, ROOT, Browser, RelayHandle, Upstream, eventually
 from tests.peers import OpenAIPeer, Reply
@@ -136,3 +137,39 @@ async def test_the_drone_logs_plain_lines_when_not_in_a_terminal(
     output = (tmp_path / "plain-0.log").read_text()
     assert "INFO hangar.drone connected to relay" in output
     assert "\x1b[K" not in output and "tokens streamed" not in output
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line", "code"),
+    [
+        (
+            ["--server", "http://127.0.0.1:9", "--token", "t"],
+            "hangar drone: Cannot reach the relay at http://127.0.0.1:9.",
+            1,
+        ),
+        (
+            ["--provider", "bogus", "--token", "t"],
+            "hangar drone: unknown provider 'bogus'; use one of openai, ollama.",
+            2,
+        ),
+        (
+            [],
+            "hangar drone: a drone token is required (--token or HANGAR_DRONE_TOKEN).",
+            2,
+        ),
+    ],
+    ids=["unreachable-relay", "unknown-provider", "no-token"],
+)
+async def test_drone_start_errors_are_one_clear_line(
+    arguments: list[str], line: str, code: int
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGAR_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", "drone", *arguments,
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+
+    assert process.returncode == code
+    assert stdout == b""
+    assert stderr.decode().splitlines() == [line]

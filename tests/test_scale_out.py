@@ -76,9 +76,9 @@ async def test_a_browser_on_one_relay_aborts_a_drone_on_another(
     a, b = await relay_processes(), await relay_processes()
     openai_peer.script(SLOW)
     drone_process(Upstream("openai", openai_peer), server=b.url)
-    browser: Browser = await open_browser(a.url)
-    await drones_seen_from(browser)
+    await drones_seen_from(await open_browser(b.url))
 
+    browser: Browser = await open_browser(a.url)
     turn_id = (await browser.submit("Across relays"))["turnId"]
     await browser.wait_text(turn_id, pieces=3, timeout=10)
     assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
@@ -90,6 +90,29 @@ async def test_a_browser_on_one_relay_aborts_a_drone_on_another(
     assert turn.status == "aborted"
     assert turn.text == browser.text(turn_id)
     assert turn.messages[-1].aborted is True
+
+
+async def test_relays_listen_on_redis_from_the_start_before_any_client(
+    relay_processes: Start, redis_url: str
+) -> None:
+    import redis.asyncio as aioredis
+
+    await relay_processes()
+    await relay_processes()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        # Otherwise a relay only listens once its first client connects, and acks aimed at
+        # it from other relays are lost until then.
+        async def listeners_at_least_two() -> int | None:
+            count = int((await client.pubsub_numsub("socketio"))[0][1])
+            return count if count >= 2 else None
+
+        listeners = await eventually(
+            listeners_at_least_two, timeout=10, what="both relays to subscribe"
+        )
+    finally:
+        await client.aclose()
+    assert listeners == 2
 
 
 @pytest.mark.parametrize("aborted", [False, True], ids=["finishes", "aborted-later"])
@@ -325,20 +348,9 @@ async def _store_orphan(store: PostgresTurnStore, turn: TurnRecord) -> None:
     await store.create_turn(turn)
 
 
-_ended_turns: dict[str, TurnRecord] = {}
-
-
-def _ended(store: PostgresTurnStore, turn_id: str) -> TurnRecord | None:
-    """Poll the store from a sync predicate: schedule a read, return the last result."""
-    task = asyncio.ensure_future(store.get_turn(turn_id, messages=False))
-
-    def keep(done: asyncio.Future[TurnRecord | None]) -> None:
-        turn = done.result()
-        if turn is not None and turn.status != "processing":
-            _ended_turns[turn_id] = turn
-
-    task.add_done_callback(keep)
-    return _ended_turns.get(turn_id)
+async def _ended(store: PostgresTurnStore, turn_id: str) -> TurnRecord | None:
+    turn = await store.get_turn(turn_id, messages=False)
+    return turn if turn is not None and turn.status != "processing" else None
 
 
 def _free_port() -> int:
