@@ -272,6 +272,18 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         process.wait(10)
 
 
+def drone_hello(drone_id: str, concurrency: int = 1) -> dict[str, Any]:
+    """The connect ``auth`` of a hand-driven drone client."""
+    return {
+        "token": DRONE_TOKEN,
+        "droneId": drone_id,
+        "name": drone_id.split("-")[0],
+        "provider": "openai",
+        "model": "m",
+        "concurrency": concurrency,
+    }
+
+
 def need(service: str, reason: str) -> None:
     """Skip a test whose service is missing, except in CI, where it is a failure."""
     message = f"{service} is not reachable: {reason}"

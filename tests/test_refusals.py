@@ -20,7 +20,7 @@ from shared.protocol import (
     NOT_YOUR_TURN,
     UNKNOWN_TURN,
 )
-from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, Upstream, eventually
+from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 from tests.peers import OpenAIPeer, Reply
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
@@ -206,13 +206,7 @@ async def test_a_drone_cannot_report_on_a_turn_it_does_not_run(
         relay.url,
         namespaces=[DRONE_NAMESPACE],
         transports=["websocket"],
-        auth={
-            "token": DRONE_TOKEN,
-            "droneId": "rogue-1",
-            "name": "rogue",
-            "provider": "openai",
-            "model": "m",
-        },
+        auth=drone_hello("rogue-1"),
     )
     try:
         completion = await rogue.call(

@@ -16,7 +16,7 @@ import socketio
 from server.postgres_store import PostgresTurnStore
 from server.store import TurnRecord
 from shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
-from tests.conftest import DRONE_TOKEN, Browser, Upstream, eventually
+from tests.conftest import Browser, Upstream, drone_hello, eventually
 from tests.peers import OpenAIPeer, Reply
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
@@ -317,14 +317,7 @@ class StubbornDrone:
             url,
             namespaces=[DRONE_NAMESPACE],
             transports=["websocket"],
-            auth={
-                "token": DRONE_TOKEN,
-                "droneId": "stubborn-1",
-                "name": "stubborn",
-                "provider": "openai",
-                "model": "m",
-                "concurrency": 5,
-            },
+            auth=drone_hello("stubborn-1", concurrency=5),
         )
 
     async def on_work_order(self, order: dict[str, Any]) -> dict[str, Any]:
