@@ -191,16 +191,9 @@ class Relay:
             if not mine:
                 return False, NO_ACTIVE_WORK_ORDER
             turn_id = mine[-1].turn_id
-        turn = await self.store.get_turn(turn_id, messages=False)
-        if turn is None:
-            return False, UNKNOWN_TURN
-        if turn.owner != owner:
-            return False, NOT_YOUR_TURN
-        if turn.status != "processing":
-            return False, NO_ACTIVE_WORK_ORDER
-        route = await self.cluster.drone(turn.drone_id) if turn.drone_id else None
+        route, refusal = await self._abort_route(owner, turn_id)
         if route is None:
-            return False, DRONE_OFFLINE
+            return False, refusal
         requested_at = time.monotonic()
         await self.cluster.abort_started(turn_id)
         try:
@@ -233,6 +226,23 @@ class Relay:
                 self.abort_grace, partial(self._abort_watchdog, turn_id)
             )
         return success, message
+
+    async def _abort_route(self, owner: str, turn_id: str) -> tuple[DroneRoute | None, str]:
+        """Where to send an abort of ``turn_id``, or why there is nowhere to send it."""
+        live = self.live.get(turn_id)
+        local = self.drones.get(live.drone_id) if live else None
+        if live is not None and local is not None:
+            # The turn's drone is connected here: answer from memory, no store round trip.
+            return (local.route, "") if live.owner == owner else (None, NOT_YOUR_TURN)
+        turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is None:
+            return None, UNKNOWN_TURN
+        if turn.owner != owner:
+            return None, NOT_YOUR_TURN
+        if turn.status != "processing":
+            return None, NO_ACTIVE_WORK_ORDER
+        route = await self.cluster.drone(turn.drone_id) if turn.drone_id else None
+        return (route, "") if route is not None else (None, DRONE_OFFLINE)
 
     async def open_session(self, owner: str, sid: str, session_id: str) -> dict[str, Any]:
         session = await self.store.get_session(session_id)

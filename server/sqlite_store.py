@@ -71,6 +71,9 @@ class SqliteTurnStore:
         self._db = await aiosqlite.connect(self.path)
         self._db.row_factory = aiosqlite.Row
         await self._db.execute("PRAGMA journal_mode=WAL")
+        # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
+        # commits); FULL would fsync every commit, measured at 2.5 ms each here.
+        await self._db.execute("PRAGMA synchronous=NORMAL")
         await self._db.execute("PRAGMA foreign_keys=ON")
         async with self._db.execute("PRAGMA user_version") as cursor:
             row = await cursor.fetchone()
