@@ -138,9 +138,13 @@ class Relay:
             session = SessionRecord(new_id("s"), owner, _title(request.prompt))
             await self.store.create_session(session)
         history = await session_history(self.store, session.session_id)
+        turn_id = new_id("t")
         drone, refusal = await self._pick_drone(request.drone_id)
+        if drone is not None:
+            # Reserve the slot now, so concurrent submits spread over the drones.
+            await self.cluster.add_running(drone.drone_id, turn_id)
         turn = TurnRecord(
-            turn_id=new_id("t"),
+            turn_id=turn_id,
             session_id=session.session_id,
             owner=owner,
             prompt=request.prompt,
@@ -149,9 +153,12 @@ class Relay:
         )
         try:
             await self.store.create_turn(turn)
-        except SessionBusyError:
-            return {"ok": False, "error": SESSION_BUSY}
-        turn_id = turn.turn_id
+        except BaseException as error:
+            if drone is not None:
+                await self.cluster.remove_running(drone.drone_id, turn_id)
+            if isinstance(error, SessionBusyError):
+                return {"ok": False, "error": SESSION_BUSY}
+            raise
         await self.sio.enter_room(sid, session_room(session.session_id), namespace=IDE_NAMESPACE)
         await self._to_session(session.session_id, TURN_STARTED, turn.view().wire())
         await self._send_sessions(owner)
@@ -159,7 +166,6 @@ class Relay:
         if drone is None:
             await self.end_turn(turn_id, "error", refusal)
             return accepted
-        await self.cluster.add_running(drone.drone_id, turn_id)
         await self.broadcast_drones()
         order = WorkOrder(
             turn_id=turn_id, session_id=session.session_id, prompt=request.prompt, history=history

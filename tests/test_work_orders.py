@@ -219,3 +219,20 @@ async def test_a_snapshot_mid_stream_plus_later_deltas_rebuilds_the_text_exactly
         await reader.completion(ack["turnId"])
         later = [p for p in reader.progress(ack["turnId"]) if p["seq"] > snapshot["textSeq"]]
         assert snapshot["text"] + "".join(p["text"] for p in later) == stored_text
+
+
+async def test_simultaneous_submits_spread_over_idle_drones(
+    relay: RelayHandle, openai_peer: Any, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    openai_peer.default = SLOW
+    first = await start_drone(Upstream("openai", openai_peer), concurrency=3)
+    second = await start_drone(Upstream("openai", openai_peer), concurrency=3)
+    people: list[Browser] = [await browsers() for _ in range(6)]
+
+    acks = await asyncio.gather(*(person.submit("All at once") for person in people))
+
+    turns = [await stored(relay, ack["turnId"]) for ack in acks]
+    assert all(turn.status == "processing" for turn in turns), [t.result for t in turns]
+    assert sorted(t.drone_id or "" for t in turns) == sorted(
+        [first.drone_id] * 3 + [second.drone_id] * 3
+    )
