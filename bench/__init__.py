@@ -1,0 +1,1 @@
+"""Benchmarks: abort latency, throughput and memory footprint (see docs/performance.md)."""

@@ -1,0 +1,299 @@
+"""Shared benchmark setup: subprocesses (relay, drones, upstream peer), browser clients, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import socketio
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+TOKEN = "bench-drone-token-0123456789"
+IDE = "/ide"
+
+
+@dataclass
+class Proc:
+    """A subprocess whose stdout and stderr go to ``log``."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait_line(self, pattern: str, limit: float = 20.0) -> re.Match[str]:
+        deadline = time.monotonic() + limit
+        while True:
+            found = re.search(pattern, self.text())
+            if found:
+                return found
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: no {pattern!r} after {limit} s")
+            await asyncio.sleep(0.05)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the benchmark process dies (Linux prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
+def run_main(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run`` that also unwinds (and so stops its subprocesses) on SIGTERM."""
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await main
+
+    try:
+        asyncio.run(guarded())
+    except asyncio.CancelledError:
+        sys.exit(143)
+
+
+@dataclass
+class Stack:
+    """Every subprocess a benchmark started; ``stop()`` ends them all (SIGTERM, then SIGKILL)."""
+
+    workdir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def spawn(self, name: str, args: Sequence[str], python: bool = True) -> Proc:
+        log = self.workdir / f"{name}.log"
+        argv = [PYTHON, *args] if python else list(args)
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, procs: Sequence[Proc] | None = None) -> None:
+        chosen = list(procs) if procs is not None else list(self.procs)
+        for proc in chosen:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in chosen:
+            try:
+                proc.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(5)
+            if proc in self.procs:
+                self.procs.remove(proc)
+
+    async def relay(self, name: str = "relay") -> tuple[str, Proc]:
+        db = self.workdir / f"{name}.db"
+        args = ["-m", "bench.hangar_mono", "serve", "--port", "0", "--database", str(db)]
+        proc = self.spawn(name, [*args, "--drone-token", TOKEN])
+        found = await proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
+        return found.group(1), proc
+
+    async def peer(self, provider: str, interval: float) -> tuple[str, Proc]:
+        args = ["-m", "bench.peer", "--provider", provider, "--interval", str(interval)]
+        proc = self.spawn(f"peer-{provider}", args)
+        found = await proc.wait_line(r"PEER (http://\S+)")
+        return found.group(1), proc
+
+    def drone(self, relay: str, provider: str, peer: str, concurrency: int, name: str) -> Proc:
+        upstream = (
+            ["--base-url", peer + "/v1", "--api-key", "x", "--model", "m"]
+            if provider == "openai"
+            else ["--ollama-host", peer, "--model", "m"]
+        )
+        args = ["-m", "bench.hangar_mono", "drone", "--server", relay, "--token", TOKEN]
+        args += ["--name", name, "--provider", provider, *upstream]
+        args += ["--concurrency", str(concurrency), "--workdir", str(self.workdir)]
+        return self.spawn(name, args)
+
+
+def get_json(url: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+async def wait_drones(relay: str, count: int, limit: float = 30.0) -> None:
+    """Wait until ``count`` drones are online (``listDrones``)."""
+    browser = await Browser(relay).connect()
+    try:
+        deadline = time.monotonic() + limit
+        while len((await browser.sio.call("listDrones", {}, namespace=IDE))["drones"]) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} drones connected after {limit} s")
+            await asyncio.sleep(0.1)
+    finally:
+        await browser.close()
+
+
+def log_times(text: str, pattern: str) -> dict[str, tuple[float, re.Match[str]]]:
+    """Per group 1 of ``pattern``: the ``time.monotonic()`` stamp and match of its first line."""
+    found: dict[str, tuple[float, re.Match[str]]] = {}
+    for line in re.finditer(r"^(\d+\.\d+) (.*)$", text, re.MULTILINE):
+        match = re.search(pattern, line.group(2))
+        if match:
+            found.setdefault(match.group(1), (float(line.group(1)), match))
+    return found
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class Browser:
+    """A socket.io client on ``/ide``: submits work orders, aborts them, stamps what arrives."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.progress: dict[str, int] = {}
+        self.first_progress: dict[str, asyncio.Event] = {}
+        self.completed: dict[str, tuple[float, bool, str]] = {}
+        self.done: dict[str, asyncio.Event] = {}
+        self.sio.on("workOrderProgress", self._on_progress, namespace=IDE)
+        self.sio.on("workOrderComplete", self._on_complete, namespace=IDE)
+
+    async def connect(self) -> Browser:
+        await self.sio.connect(self.url, namespaces=[IDE], transports=["websocket"])
+        return self
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.sio.disconnect()
+
+    def _watch(self, turn_id: str) -> None:
+        self.first_progress.setdefault(turn_id, asyncio.Event())
+        self.done.setdefault(turn_id, asyncio.Event())
+
+    async def _on_progress(self, data: dict[str, Any]) -> None:
+        turn_id = data["turnId"]
+        self.progress[turn_id] = self.progress.get(turn_id, 0) + 1
+        self._watch(turn_id)
+        self.first_progress[turn_id].set()
+
+    async def _on_complete(self, turn_id: str, success: bool, message: str) -> None:
+        self.completed.setdefault(turn_id, (time.monotonic(), success, message))
+        self._watch(turn_id)
+        self.done[turn_id].set()
+
+    async def submit(self, prompt: str) -> str:
+        ack = await self.sio.call("submitWorkOrder", {"prompt": prompt}, namespace=IDE, timeout=30)
+        if not ack.get("ok"):
+            raise RuntimeError(f"submit refused: {ack}")
+        turn_id: str = ack["turnId"]
+        self._watch(turn_id)
+        return turn_id
+
+    async def abort(self, turn_id: str) -> tuple[float, float, bool, str]:
+        """Emit ``abortWorkOrder``; returns (emitted at, acked at, success, message)."""
+        acked: asyncio.Future[tuple[float, bool, str]] = asyncio.get_running_loop().create_future()
+
+        def on_ack(success: bool, message: str) -> None:
+            acked.set_result((time.monotonic(), success, message))
+
+        emitted = time.monotonic()
+        await self.sio.emit("abortWorkOrder", {"turnId": turn_id}, namespace=IDE, callback=on_ack)
+        at, success, message = await asyncio.wait_for(acked, 30)
+        return emitted, at, success, message
+
+
+async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browser]:
+    browsers: list[Browser] = []
+    for start in range(0, count, batch):
+        size = min(batch, count - start)
+        browsers += await asyncio.gather(*(Browser(url).connect() for _ in range(size)))
+    return browsers
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile (p99 of 50 samples is the largest, of 200 the third largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary(values: Sequence[float]) -> list[str]:
+    """p50, p99, max in ms of values in seconds (n/a when empty)."""
+    if not values:
+        return ["n/a", "n/a", "n/a"]
+    return [f"{quantile(values, q) * 1000:.1f}" for q in (0.5, 0.99, 1.0)]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy so far (all cores, from /proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def cpu_load(pids: dict[str, list[int]]) -> Iterator[dict[str, float]]:
+    """Per name, the CPU share (1.0 = one core, summed over its processes) used in the block;
+    ``others``: what every other process on the machine used meanwhile."""
+    result: dict[str, float] = {}
+    start, machine = time.monotonic(), busy_seconds()
+    before = {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
+    yield result
+    elapsed = time.monotonic() - start
+    for name, group in pids.items():
+        result[name] = (sum(cpu_seconds(p) for p in group) - before[name]) / elapsed
+    result["others"] = (busy_seconds() - machine) / elapsed - sum(result.values())
+
+
+async def wait_quiet(limit: float = 30.0, threshold: float = 0.3) -> str:
+    """Wait (at most ``limit`` s) until the machine is nearly idle for a second, so other
+    processes' load does not distort a measurement; says how it went."""
+    start = time.monotonic()
+    while True:
+        machine = busy_seconds()
+        await asyncio.sleep(1.0)
+        load = busy_seconds() - machine
+        waited = time.monotonic() - start
+        if load < threshold:
+            return f"machine quiet after {waited:.0f} s ({load:.0%} of a core busy)"
+        if waited >= limit:
+            return f"machine still busy after {waited:.0f} s ({load:.0%} of a core): noisy"

@@ -1,0 +1,120 @@
+"""Run the ``hangar`` command with every log line stamped with ``time.monotonic()``.
+
+Same entry point as ``.venv/bin/hangar``; only the log format differs, so a benchmark can put
+the relay's and drones' log events on the clock it uses itself (CLOCK_MONOTONIC is system-wide).
+
+What-if experiments (not the shipped behaviour), to measure where a latency comes from:
+
+- ``HANGAR_BENCH_SQLITE_SYNCHRONOUS=NORMAL``: the relay's SQLite store runs
+  ``PRAGMA synchronous=NORMAL`` once opened (no fsync per commit in WAL mode).
+- ``HANGAR_BENCH_SQLITE_INLINE=1``: aiosqlite runs each statement right in the event loop
+  instead of handing it to its worker thread and waiting for the answer.
+- ``HANGAR_BENCH_NO_LANES=1``: the relay handles each drone event directly in the task
+  python-socketio gives it, without the per-turn ordering lane (order is then not guaranteed).
+
+Tracing (behaviour unchanged): ``HANGAR_BENCH_TRACE_ACKS=1`` logs ``trace ack written`` when a
+drone writes an ``(True, "Abort signaled")`` ack frame and ``trace ack read`` when the relay's
+engine.io layer reads one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from server.cli import main
+
+
+class _Monotonic(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.mono = time.monotonic()
+        return True
+
+
+def _sqlite_what_if(synchronous: str) -> None:
+    from server.sqlite_store import SqliteTurnStore
+
+    opened = SqliteTurnStore.open
+
+    async def open_store(self: SqliteTurnStore) -> None:
+        await opened(self)
+        await self.db.execute(f"PRAGMA synchronous={synchronous}")
+
+    SqliteTurnStore.open = open_store  # type: ignore[method-assign]
+    logging.getLogger("bench").warning("what-if: SQLite synchronous=%s", synchronous)
+
+
+def _sqlite_inline() -> None:
+    import aiosqlite
+    import aiosqlite.core
+
+    connect = aiosqlite.connect
+
+    def connect_here(database: str, **options: Any) -> aiosqlite.Connection:
+        return connect(database, check_same_thread=False, **options)
+
+    async def execute_here(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self._running or not self._connection:
+            raise ValueError("Connection closed")
+        return fn(*args, **kwargs)
+
+    aiosqlite.connect = connect_here  # type: ignore[assignment]
+    aiosqlite.core.Connection._execute = execute_here  # type: ignore[method-assign]
+    logging.getLogger("bench").warning("what-if: SQLite statements run in the event loop")
+
+
+def _no_lanes() -> None:
+    from server.sessions import DroneSession
+
+    async def directly(self: DroneSession, turn_id: str, job: Callable[[], Any]) -> Any:
+        return await job()
+
+    DroneSession._in_order = directly  # type: ignore[assignment,method-assign]
+    logging.getLogger("bench").warning("what-if: drone events without per-turn lanes")
+
+
+def _trace_acks() -> None:
+    import aiohttp
+    import engineio.async_socket
+
+    trace = logging.getLogger("bench")
+    send_str = aiohttp.ClientWebSocketResponse.send_str
+    receive = engineio.async_socket.AsyncSocket.receive
+
+    async def send_traced(self: Any, data: str, *args: Any, **kwargs: Any) -> None:
+        await send_str(self, data, *args, **kwargs)
+        if data.startswith("43/drone") and "Abort signaled" in data:
+            trace.info("trace ack written %s", data[:24])
+
+    async def receive_traced(self: Any, pkt: Any) -> None:
+        if isinstance(pkt.data, str) and pkt.data.startswith("3/drone") and "Abort" in pkt.data:
+            trace.info("trace ack read %s", pkt.data[:24])
+        await receive(self, pkt)
+
+    aiohttp.ClientWebSocketResponse.send_str = send_traced  # type: ignore[method-assign]
+    engineio.async_socket.AsyncSocket.receive = receive_traced
+
+
+def run(argv: list[str]) -> int:
+    handler = logging.StreamHandler()
+    handler.addFilter(_Monotonic())
+    handler.setFormatter(logging.Formatter("%(mono).6f %(levelname)s %(name)s %(message)s"))
+    # Configured first, so the command's own basicConfig() is a no-op.
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    if synchronous := os.environ.get("HANGAR_BENCH_SQLITE_SYNCHRONOUS"):
+        _sqlite_what_if(synchronous)
+    if os.environ.get("HANGAR_BENCH_SQLITE_INLINE"):
+        _sqlite_inline()
+    if os.environ.get("HANGAR_BENCH_NO_LANES"):
+        _no_lanes()
+    if os.environ.get("HANGAR_BENCH_TRACE_ACKS"):
+        _trace_acks()
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
