@@ -25,35 +25,27 @@ PROMPT_DISCONNECT = 1.0  # seconds within which a client close must reach the pe
 
 
 @pytest_asyncio.fixture
-async def oai_peer() -> AsyncIterator[OpenAIPeer]:
-    async with OpenAIPeer() as peer:
-        yield peer
-
-
-@pytest_asyncio.fixture
-async def oai(oai_peer: OpenAIPeer) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=oai_peer.base_url + "/v1", api_key="test", max_retries=0)
+async def oai(openai_peer: OpenAIPeer) -> AsyncIterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(
+        base_url=openai_peer.base_url + "/v1", api_key="test", max_retries=0
+    )
     yield client
     await client.close()
 
 
 @pytest_asyncio.fixture
-async def ol_peer() -> AsyncIterator[OllamaPeer]:
-    async with OllamaPeer() as peer:
-        yield peer
-
-
-@pytest_asyncio.fixture
-async def ol(ol_peer: OllamaPeer) -> AsyncIterator[ollama.AsyncClient]:
-    async with ollama.AsyncClient(host=ol_peer.base_url) as client:
+async def ol(ollama_peer: OllamaPeer) -> AsyncIterator[ollama.AsyncClient]:
+    async with ollama.AsyncClient(host=ollama_peer.base_url) as client:
         yield client
 
 
 # --------------------------------------------------------------------------- OpenAI
 
 
-async def test_openai_streams_scripted_text(oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI) -> None:
-    oai_peer.script(Reply(chunks=["The", " quick", " fox"]))
+async def test_openai_streams_scripted_text(
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
+) -> None:
+    openai_peer.script(Reply(chunks=["The", " quick", " fox"]))
     stream = await oai.chat.completions.create(model=MODEL, messages=USER, stream=True)
     text, roles, finish = "", [], []
     async for chunk in stream:
@@ -66,14 +58,14 @@ async def test_openai_streams_scripted_text(oai_peer: OpenAIPeer, oai: openai.As
     assert text == "The quick fox"
     assert roles[0] == "assistant"
     assert finish[-1] == "stop" and finish[:-1] == [None] * (len(finish) - 1)
-    rec = await oai_peer.wait_for_end()
+    rec = await openai_peer.wait_for_end()
     assert rec.completed and not rec.disconnected
     assert rec.body["stream"] is True and rec.model == MODEL
     assert rec.messages == USER and rec.chunks_sent == 3
 
 
 async def test_openai_default_reply_usage_and_non_stream(
-    oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
 ) -> None:
     stream = await oai.chat.completions.create(
         model=MODEL,
@@ -86,7 +78,7 @@ async def test_openai_default_reply_usage_and_non_stream(
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 2
 
-    oai_peer.default = Reply(chunks=["plain"])
+    openai_peer.default = Reply(chunks=["plain"])
     completion = await oai.chat.completions.create(model=MODEL, messages=USER)
     assert completion.choices[0].message.content == "plain"
     assert completion.choices[0].finish_reason == "stop"
@@ -95,10 +87,10 @@ async def test_openai_default_reply_usage_and_non_stream(
 
 
 async def test_openai_tool_call_deltas_assemble(
-    oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
 ) -> None:
     args = {"city": "Paris", "units": "metric", "days": 3}
-    oai_peer.script(
+    openai_peer.script(
         Reply(
             chunks=[],
             tool_calls=[
@@ -128,13 +120,13 @@ async def test_openai_tool_call_deltas_assemble(
         "name": "get_time",
         "arguments": '{"tz": "CET"}',
     }
-    assert oai_peer.chunks_sent == 2 * (1 + 4)  # header + argument pieces per call
+    assert openai_peer.chunks_sent == 2 * (1 + 4)  # header + argument pieces per call
 
 
 async def test_openai_close_mid_stream_is_seen_as_disconnect(
-    oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
 ) -> None:
-    oai_peer.script(Reply(chunks=["one", " two", " three"], stall_after=(1, 30.0)))
+    openai_peer.script(Reply(chunks=["one", " two", " three"], stall_after=(1, 30.0)))
     stream = await oai.chat.completions.create(model=MODEL, messages=USER, stream=True)
     text = ""
     async for chunk in stream:
@@ -142,19 +134,19 @@ async def test_openai_close_mid_stream_is_seen_as_disconnect(
         if text:
             break
     assert text == "one"
-    await oai_peer.wait_for_chunks(1)
+    await openai_peer.wait_for_chunks(1)
     closed_at = time.monotonic()
     await stream.close()
-    disconnected_at = await oai_peer.wait_for_disconnect(timeout=5)
+    disconnected_at = await openai_peer.wait_for_disconnect(timeout=5)
     assert disconnected_at - closed_at < PROMPT_DISCONNECT
-    rec = oai_peer.requests[-1]
+    rec = openai_peer.requests[-1]
     assert rec.disconnected and not rec.completed and rec.chunks_sent == 1
 
 
 async def test_openai_rejects_unanswered_tool_call(
-    oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI
 ) -> None:
-    oai_peer.script(Reply(chunks=["kept"]))
+    openai_peer.script(Reply(chunks=["kept"]))
     call = {
         "id": "call_x",
         "type": "function",
@@ -169,8 +161,8 @@ async def test_openai_rejects_unanswered_tool_call(
         await oai.chat.completions.create(model=MODEL, messages=history, stream=True)
     assert info.value.status_code == 400
     assert "call_x" in info.value.message
-    assert oai_peer.requests[-1].rejected is not None
-    assert oai_peer.pending_replies == 1  # the rejection did not consume the script
+    assert openai_peer.requests[-1].rejected is not None
+    assert openai_peer.pending_replies == 1  # the rejection did not consume the script
 
     stray: Any = [*USER, {"role": "tool", "tool_call_id": "call_nope", "content": "42"}]
     with pytest.raises(openai.BadRequestError):
@@ -182,15 +174,15 @@ async def test_openai_rejects_unanswered_tool_call(
     ]
     stream = await oai.chat.completions.create(model=MODEL, messages=answered, stream=True)
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "kept"
-    assert len(oai_peer.requests) == 3 and oai_peer.requests[-1].rejected is None
+    assert len(openai_peer.requests) == 3 and openai_peer.requests[-1].rejected is None
 
 
-async def test_openai_server_error(oai_peer: OpenAIPeer, oai: openai.AsyncOpenAI) -> None:
-    oai_peer.script(Reply(status=500))
+async def test_openai_server_error(openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI) -> None:
+    openai_peer.script(Reply(status=500))
     with pytest.raises(openai.InternalServerError) as info:
         await oai.chat.completions.create(model=MODEL, messages=USER, stream=True)
     assert info.value.status_code == 500
-    assert len(oai_peer.requests) == 1  # max_retries=0: no retry
+    assert len(openai_peer.requests) == 1  # max_retries=0: no retry
     assert isinstance(info.value.body, dict) and info.value.body["type"] == "server_error"
 
 
@@ -216,14 +208,16 @@ async def test_stop_does_not_hang_on_stalled_handler() -> None:
 # --------------------------------------------------------------------------- Ollama
 
 
-async def test_ollama_streams_scripted_text(ol_peer: OllamaPeer, ol: ollama.AsyncClient) -> None:
-    ol_peer.script(Reply(chunks=["Bon", "jour", "!"], delay=0.01))
+async def test_ollama_streams_scripted_text(
+    ollama_peer: OllamaPeer, ol: ollama.AsyncClient
+) -> None:
+    ollama_peer.script(Reply(chunks=["Bon", "jour", "!"], delay=0.01))
     parts = [p async for p in await ol.chat(model=OLLAMA_MODEL, messages=USER, stream=True)]
     assert "".join(p.message.content or "" for p in parts) == "Bonjour!"
     assert all(p.model == OLLAMA_MODEL and p.created_at for p in parts)
     assert [p.done for p in parts] == [False, False, False, True]
     assert parts[-1].done_reason == "stop" and parts[-1].eval_count == 3
-    rec = await ol_peer.wait_for_end()
+    rec = await ollama_peer.wait_for_end()
     assert rec.completed and rec.body["stream"] is True and rec.messages == USER
 
     whole = await ol.chat(model=OLLAMA_MODEL, messages=USER)
@@ -231,9 +225,9 @@ async def test_ollama_streams_scripted_text(ol_peer: OllamaPeer, ol: ollama.Asyn
     assert (await ol.list()).models[0].model == OLLAMA_MODEL
 
 
-async def test_ollama_tool_calls(ol_peer: OllamaPeer, ol: ollama.AsyncClient) -> None:
+async def test_ollama_tool_calls(ollama_peer: OllamaPeer, ol: ollama.AsyncClient) -> None:
     args = {"city": "Oslo", "days": 2}
-    ol_peer.script(Reply(chunks=[], tool_calls=[ScriptedToolCall("get_weather", args)]))
+    ollama_peer.script(Reply(chunks=[], tool_calls=[ScriptedToolCall("get_weather", args)]))
     parts = [p async for p in await ol.chat(model=OLLAMA_MODEL, messages=USER, stream=True)]
     calls = [tc for p in parts for tc in p.message.tool_calls or []]
     assert len(calls) == 1
@@ -243,43 +237,43 @@ async def test_ollama_tool_calls(ol_peer: OllamaPeer, ol: ollama.AsyncClient) ->
 
 
 async def test_ollama_aclose_mid_stream_is_seen_as_disconnect(
-    ol_peer: OllamaPeer, ol: ollama.AsyncClient
+    ollama_peer: OllamaPeer, ol: ollama.AsyncClient
 ) -> None:
-    ol_peer.script(Reply(chunks=["a", "b", "c"], stall_after=(2, 30.0)))
+    ollama_peer.script(Reply(chunks=["a", "b", "c"], stall_after=(2, 30.0)))
     gen = await ol.chat(model=OLLAMA_MODEL, messages=USER, stream=True)
     assert isinstance(gen, AsyncGenerator)
     assert (await anext(gen)).message.content == "a"
-    await ol_peer.wait_for_chunks(2)
+    await ollama_peer.wait_for_chunks(2)
     closed_at = time.monotonic()
     await gen.aclose()
-    disconnected_at = await ol_peer.wait_for_disconnect(timeout=5)
+    disconnected_at = await ollama_peer.wait_for_disconnect(timeout=5)
     assert disconnected_at - closed_at < PROMPT_DISCONNECT
-    rec = ol_peer.requests[-1]
+    rec = ollama_peer.requests[-1]
     assert rec.disconnected and not rec.completed and rec.chunks_sent == 2
 
 
 async def test_ollama_cancelled_consumer_is_seen_as_disconnect(
-    ol_peer: OllamaPeer, ol: ollama.AsyncClient
+    ollama_peer: OllamaPeer, ol: ollama.AsyncClient
 ) -> None:
-    ol_peer.script(Reply(stall_before=30.0))
+    ollama_peer.script(Reply(stall_before=30.0))
 
     async def consume() -> str:
         gen = await ol.chat(model=OLLAMA_MODEL, messages=USER, stream=True)
         return "".join([p.message.content or "" async for p in gen])
 
     task = asyncio.create_task(consume())
-    await ol_peer.wait_for_requests(1)
+    await ollama_peer.wait_for_requests(1)
     cancelled_at = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    disconnected_at = await ol_peer.wait_for_disconnect(timeout=5)
+    disconnected_at = await ollama_peer.wait_for_disconnect(timeout=5)
     assert disconnected_at - cancelled_at < PROMPT_DISCONNECT
-    assert ol_peer.chunks_sent == 0 and not ol_peer.requests[-1].completed
+    assert ollama_peer.chunks_sent == 0 and not ollama_peer.requests[-1].completed
 
 
-async def test_ollama_server_error(ol_peer: OllamaPeer, ol: ollama.AsyncClient) -> None:
-    ol_peer.script(Reply(status=500, error_message="boom"), Reply(status=404))
+async def test_ollama_server_error(ollama_peer: OllamaPeer, ol: ollama.AsyncClient) -> None:
+    ollama_peer.script(Reply(status=500, error_message="boom"), Reply(status=404))
     gen = await ol.chat(model=OLLAMA_MODEL, messages=USER, stream=True)
     with pytest.raises(ollama.ResponseError) as info:
         await anext(gen)
@@ -287,4 +281,4 @@ async def test_ollama_server_error(ol_peer: OllamaPeer, ol: ollama.AsyncClient) 
     with pytest.raises(ollama.ResponseError) as info:
         await ol.chat(model=OLLAMA_MODEL, messages=USER)
     assert info.value.status_code == 404
-    assert [r.status for r in ol_peer.requests] == [500, 404]
+    assert [r.status for r in ollama_peer.requests] == [500, 404]
