@@ -32,15 +32,6 @@ class DroneRoute:
     model: str
     concurrency: int
 
-    def dump(self) -> str:
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def load(cls, text: str | bytes) -> DroneRoute:
-        fields = json.loads(text)
-        fields.pop("seen", None)
-        return cls(**fields)
-
 
 class Cluster(Protocol):
     async def start(self) -> None: ...
@@ -234,9 +225,9 @@ class RedisCluster:
 
     def _alive(self, text: Any) -> DroneRoute | None:
         fields = json.loads(text)
-        if time.time() - float(fields.get("seen", 0)) > PRESENCE_TTL:
+        if time.time() - float(fields.pop("seen", 0)) > PRESENCE_TTL:
             return None
-        return DroneRoute.load(text)
+        return DroneRoute(**fields)
 
     async def _beat(self) -> None:
         while True:

@@ -7,6 +7,7 @@ validates its payload and answers a malformed one with an error ack, changing no
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -53,6 +54,7 @@ TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 
 
+@functools.lru_cache(maxsize=64)  # event names come from clients: keep it bounded
 def snake(event: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", event).lower()
 
