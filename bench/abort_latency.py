@@ -71,7 +71,8 @@ async def loaded(
     pids: dict[str, list[int]],
     before_aborts: Callable[[], Awaitable[None]],
 ) -> Run:
-    """``args.streams`` streams at once; once each has reached its browser, abort them all."""
+    """``args.streams`` streams at once; once each has reached its browser, abort them: one at a
+    time (each replaced by a new stream), all at once, or one every ``args.spacing`` s."""
     count = args.streams
     run = Run(f"{count} streams, {mode}", loaded=True)
     owner: dict[str, Browser] = {}
@@ -103,6 +104,14 @@ async def loaded(
     await before_aborts()
     turns = list(owner)
     random.shuffle(turns)
+    if mode == "sequential":
+        with cpu_load(pids) as cpu:
+            leftover = await sequential(owner, run, args, f"{tag} {mode}")
+        run.note += f"; CPU while aborting: {shares(cpu)}"
+        # The streams still running (the replacements included) are stopped unmeasured.
+        await asyncio.gather(*(b.abort(t) for t, b in leftover.items()))
+        await asyncio.gather(*(b.done[t].wait() for t, b in leftover.items()))
+        return run
     with cpu_load(pids) as cpu:
         if mode == "burst":
             await asyncio.gather(*(abort_one(owner[t], t, run) for t in turns))
@@ -114,6 +123,25 @@ async def loaded(
             await asyncio.gather(*tasks)
     run.note += f"; CPU while aborting: {shares(cpu)}"
     return run
+
+
+async def sequential(
+    owner: dict[str, Browser], run: Run, args: argparse.Namespace, tag: str
+) -> dict[str, Browser]:
+    """One abort at a time while the others stream; each aborted stream is replaced by a new
+    work order, so every abort happens with ``len(owner)`` streams running. Returns the streams
+    still running at the end."""
+    running = dict(owner)
+    for i in range(len(owner)):
+        ready = [t for t, b in running.items() if b.first_progress[t].is_set()]
+        turn_id = random.choice(ready)
+        browser = running.pop(turn_id)
+        await asyncio.sleep(random.uniform(0, args.interval * 2))
+        await abort_one(browser, turn_id, run)
+        prompt = f"bench {tag} replacement {i}"
+        replacement = await browser.submit(prompt)
+        running[replacement], run.prompts[replacement] = browser, prompt
+    return running
 
 
 def shares(cpu: dict[str, float]) -> str:
@@ -209,7 +237,11 @@ def main() -> None:
     parser.add_argument("--drones", type=int, default=4, help="drone processes")
     parser.add_argument("--browsers", type=int, default=0, help="connections (default: 1/stream)")
     parser.add_argument("--idle-browsers", type=int, default=10, help="connections, 1 stream")
-    parser.add_argument("--modes", default="burst,staggered", help="burst and/or staggered")
+    parser.add_argument(
+        "--modes",
+        default="sequential,burst,staggered",
+        help="sequential (one abort at a time, the stream replaced), burst, staggered",
+    )
     parser.add_argument("--spacing", type=float, default=0.01, help="staggered: s between aborts")
     parser.add_argument("--interval", type=float, default=0.02, help="s between chunks, 1 stream")
     parser.add_argument(

@@ -14,7 +14,8 @@ What-if experiments (not the shipped behaviour), to measure where a latency come
 
 Tracing (behaviour unchanged): ``HANGAR_BENCH_TRACE_ACKS=1`` logs ``trace ack written`` when a
 drone writes an ``(True, "Abort signaled")`` ack frame and ``trace ack read`` when the relay's
-engine.io layer reads one.
+engine.io layer reads one. ``HANGAR_BENCH_TRACE_GC=1`` logs every garbage collection that
+stops the process for 2 ms or more (``trace gc gen=N ms=X``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,28 @@ def _trace_acks() -> None:
     engineio.async_socket.AsyncSocket.receive = receive_traced
 
 
+def _trace_gc() -> None:
+    import gc
+
+    trace = logging.getLogger("bench")
+    started: list[float] = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (ms := (time.perf_counter() - started[0]) * 1000) >= 2:
+            trace.info(
+                "trace gc gen=%d collected=%d old=%d frozen=%d ms=%.1f",
+                info["generation"],
+                info["collected"],
+                len(gc.get_objects(generation=2)) if ms >= 20 else -1,
+                gc.get_freeze_count(),
+                ms,
+            )
+
+    gc.callbacks.append(timed)
+
+
 def run(argv: list[str]) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(_Monotonic())
@@ -113,6 +136,8 @@ def run(argv: list[str]) -> int:
         _no_lanes()
     if os.environ.get("HANGAR_BENCH_TRACE_ACKS"):
         _trace_acks()
+    if os.environ.get("HANGAR_BENCH_TRACE_GC"):
+        _trace_gc()
     return main(argv)
 
 

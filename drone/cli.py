@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import runtime
+
 from .client import DroneClient, DroneIdentity, DroneRefusedError
 from .providers import OllamaProvider, OpenAIProvider, Provider
 from .service import AgentService
@@ -269,4 +271,4 @@ def main(args: argparse.Namespace) -> int:
         install_stop(stop)
         return await run_drone(config, stop, live_status=sys.stderr.isatty())
 
-    return asyncio.run(run())
+    return runtime.run(run())

@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from aiohttp import web
 
 from drone import cli as drone_cli
+from shared import runtime
 
 from .app import RelayConfig, build_app
 from .demo_model import DEMO_MODEL, DEMO_PATH
@@ -196,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         return drone_cli.main(args)
     if args.command == "serve":
         token = args.drone_token or secrets.token_urlsafe(24)
-        return asyncio.run(serve(relay_config(args, drone_token=token), bool(args.drone_token)))
-    return asyncio.run(demo(relay_config(args), args.model))
+        return runtime.run(serve(relay_config(args, drone_token=token), bool(args.drone_token)))
+    return runtime.run(demo(relay_config(args), args.model))
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ log = logging.getLogger("hangar.relay")
 
 DRONE_CALL_TIMEOUT = 10.0
 SWEEP_INTERVAL = 1.0
-DRONES_COALESCE = 0.05
+DRONES_COALESCE = 0.25
 TURN_ENDED = "The turn has already ended."
 SESSION_BUSY = "This session already has a turn in progress."
 
@@ -491,7 +491,7 @@ def _view(route: DroneRoute, running: set[str]) -> DroneView:
         provider=route.provider,
         model=route.model,
         concurrency=route.concurrency,
-        running=sorted(running),
+        running=len(running),
         busy=len(running) >= route.concurrency,
     )
 

@@ -109,7 +109,8 @@ class DroneView(Wire):
     provider: str
     model: str
     concurrency: int
-    running: list[str]
+    running: int
+    """How many turns the drone runs now (which ones is their owners' business)."""
     busy: bool
 
 

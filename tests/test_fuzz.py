@@ -472,7 +472,7 @@ def test_browser_events_answer_any_payload_and_change_nothing(fuzz: Harness, eve
         elif event == "listDrones":
             assert isinstance(ack, dict) and ack["ok"] is True, ack
             assert [d["droneId"] for d in ack["drones"]] == ["fuzz-1"]
-            assert ack["drones"][0]["running"] == [fuzz.live_turn.turn_id]
+            assert ack["drones"][0]["running"] == 1
         else:
             assert_error_ack(ack, BROWSER_REFUSALS)
             if event == "openSession" and valid(OpenSession.model_validate, args):

@@ -201,7 +201,7 @@ function renderDrones() {
   const options = [h("option", { value: "" }, "Any drone")];
   for (const d of state.drones) {
     const busy = Boolean(d.busy);
-    const running = Array.isArray(d.running) ? d.running.length : 0;
+    const running = Number.isInteger(d.running) ? d.running : 0;
     const load = d.concurrency > 1 ? ` ${running}/${d.concurrency}` : "";
     options.push(
       h(

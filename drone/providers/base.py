@@ -1,13 +1,16 @@
 """The provider protocol: a small surface the agent loop talks to; SDKs live behind it.
 
 ``chat`` yields events until the model's reply is complete. Every implementation honours
-``options.signal``: checked before the request, raced against every read of the stream, the HTTP
-stream closed on abort, and ``AbortError`` raised. No retry follows an abort.
+``options.signal``: checked before the request, raced against every read of the stream, the
+stream's socket shut down inside the abort callback itself (``UpstreamShutdown``), the HTTP stream
+closed on abort, and ``AbortError`` raised. No retry follows an abort.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,3 +60,81 @@ class Provider(Protocol):
     ) -> AsyncIterator[ChatEvent]: ...
 
     async def close(self) -> None: ...
+
+
+class StreamedResponse(Protocol):
+    """What ``UpstreamShutdown`` needs of a streamed response (httpx's and httpx2's alike)."""
+
+    @property
+    def extensions(self) -> Mapping[str, Any]: ...
+
+    @property
+    def http_version(self) -> str: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+
+class _TransportSocket(Protocol):
+    """A transport's socket: asyncio's ``TransportSocket`` or uvloop's ``PseudoSocket``."""
+
+    def dup(self) -> socket.socket: ...
+
+    def getsockname(self) -> Any: ...
+
+    def getpeername(self) -> Any: ...
+
+
+class UpstreamShutdown:
+    """Shuts down the TCP socket of a chat's streamed response the moment its signal fires.
+
+    Cancelling the pending read and closing the stream (each provider's ``finally``) take several
+    event-loop iterations on a busy drone before the FIN leaves; ``shutdown(SHUT_RDWR)`` in the
+    abort callback sends it at once, so the upstream stops generating even while the loop is busy.
+    The async unwinding still follows and cleans up. Best effort: without a socket, or if it
+    fails, that unwinding is the close. Only an abort shuts down: a response that was
+    closed normally (its connection maybe back in the pool, serving another stream) is never
+    touched, and ``detach`` unsubscribes once the chat is over.
+    """
+
+    def __init__(self, signal: AbortSignal) -> None:
+        self._signal = signal
+        self._response: StreamedResponse | None = None
+        self._socket: _TransportSocket | None = None
+        self._names: tuple[Any, Any] | None = None
+        self._remove: Callable[[], None] | None = None
+
+    def attach(self, response: StreamedResponse) -> None:
+        """Watch ``response`` (replacing any earlier one, e.g. a redirect's)."""
+        self.detach()
+        if not response.http_version.startswith("HTTP/1"):
+            return  # HTTP/2 multiplexes other streams on the socket: leave it to the close
+        # httpcore (and httpcore2) expose the connection's stream; its anyio stream, the socket.
+        stream = response.extensions.get("network_stream")
+        sock: _TransportSocket | None = stream and stream.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            names = (sock.getsockname(), sock.getpeername())
+        except OSError:
+            return
+        self._response, self._socket, self._names = response, sock, names
+        self._remove = self._signal.add_callback(self._shutdown)  # runs now if already aborted
+
+    def detach(self) -> None:
+        remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
+        self._response = self._socket = self._names = None
+
+    def _shutdown(self) -> None:
+        response, sock = self._response, self._socket
+        if response is None or sock is None or response.is_closed:
+            return
+        # uvloop's transport sockets refuse shutdown(); a duplicate descriptor's shutdown is the
+        # connection's all the same. The names tell whether the descriptor still is this
+        # connection's: once its transport closed, the number may belong to another socket.
+        # A callback must not raise: whatever fails here, the async unwinding still closes.
+        with contextlib.suppress(OSError, TypeError, ValueError), sock.dup() as same:
+            if (same.getsockname(), same.getpeername()) == self._names:
+                same.shutdown(socket.SHUT_RDWR)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextvars import ContextVar
 from typing import Any, cast
 
 import httpx
@@ -12,7 +13,26 @@ from ollama import ChatResponse
 
 from shared.protocol import ChatMessage
 
-from .base import ChatEvent, ChatOptions, ProviderError, TextChunk, ToolCallRequest, ToolSpec
+from .base import (
+    ChatEvent,
+    ChatOptions,
+    ProviderError,
+    TextChunk,
+    ToolCallRequest,
+    ToolSpec,
+    UpstreamShutdown,
+)
+
+# The chat whose read is sending the request. Each read runs in a task of its own (``race``),
+# created with a copy of the context, so the httpx response hook below finds its chat here.
+_UPSTREAM: ContextVar[UpstreamShutdown | None] = ContextVar("ollama_upstream", default=None)
+
+
+async def _on_response(response: httpx.Response) -> None:
+    """httpx response hook: runs once the headers arrived, before any of the body is read."""
+    upstream = _UPSTREAM.get()
+    if upstream is not None:
+        upstream.attach(response)
 
 
 class OllamaProvider:
@@ -21,7 +41,12 @@ class OllamaProvider:
     def __init__(self, model: str, *, host: str | None = None, timeout: float = 600.0) -> None:
         self.model = model
         # ollama has no timeout by default: a dead server would hold a work order forever.
-        self.client = ollama.AsyncClient(host=host, timeout=httpx.Timeout(timeout, connect=10.0))
+        # The SDK hides the streamed httpx response; the hook hands it to the chat that sent it.
+        self.client = ollama.AsyncClient(
+            host=host,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            event_hooks={"response": [_on_response]},
+        )
 
     async def chat(
         self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
@@ -40,13 +65,19 @@ class OllamaProvider:
             stream = cast(AsyncGenerator[ChatResponse, None], stream)
         except (ollama.ResponseError, httpx.HTTPError) as error:
             raise ProviderError(_describe(error)) from error
+        # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.
+        upstream = UpstreamShutdown(signal)
         count = 0
         try:
             while True:
+                # The SDK sends the request on the first read; its response hook attaches it.
+                token = _UPSTREAM.set(upstream)
                 try:
                     part = await signal.race(stream.__anext__())
                 except StopAsyncIteration:
                     break
+                finally:
+                    _UPSTREAM.reset(token)
                 message = part.message
                 if message.content:
                     yield TextChunk(message.content)
@@ -57,9 +88,14 @@ class OllamaProvider:
                         name=call.function.name,
                         arguments=json.dumps(dict(call.function.arguments)),
                     )
-        except (ollama.ResponseError, httpx.HTTPError) as error:
-            raise ProviderError(_describe(error)) from error
+        except Exception as error:
+            # The shut-down socket may fail the read before the race sees the abort: it wins.
+            signal.throw_if_aborted()
+            if isinstance(error, (ollama.ResponseError, httpx.HTTPError)):
+                raise ProviderError(_describe(error)) from error
+            raise
         finally:
+            upstream.detach()
             # Closing the generator exits the SDK's ``async with stream``: the connection closes.
             await stream.aclose()
 

@@ -12,7 +12,15 @@ from openai.types.chat import ChatCompletionChunk
 
 from shared.protocol import ChatMessage
 
-from .base import ChatEvent, ChatOptions, ProviderError, TextChunk, ToolCallRequest, ToolSpec
+from .base import (
+    ChatEvent,
+    ChatOptions,
+    ProviderError,
+    TextChunk,
+    ToolCallRequest,
+    ToolSpec,
+    UpstreamShutdown,
+)
 
 
 class OpenAIProvider:
@@ -54,6 +62,9 @@ class OpenAIProvider:
             stream = cast(AsyncStream[ChatCompletionChunk], response)
         except openai.APIError as error:
             raise ProviderError(_describe(error)) from error
+        # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.
+        upstream = UpstreamShutdown(signal)
+        upstream.attach(stream.response)
         calls: dict[int, dict[str, str]] = {}
         try:
             while True:
@@ -75,10 +86,15 @@ class OpenAIProvider:
                             call["name"] += piece.function.name
                         if piece.function and piece.function.arguments:
                             call["arguments"] += piece.function.arguments
-        except openai.APIError as error:
-            raise ProviderError(_describe(error)) from error
+        except Exception as error:
+            # The shut-down socket may fail the read before the race sees the abort: it wins.
+            signal.throw_if_aborted()
+            if isinstance(error, openai.APIError):
+                raise ProviderError(_describe(error)) from error
+            raise
         finally:
-            # A bare break would leave the HTTP stream open; closing it is the hard cancel.
+            upstream.detach()
+            # A bare break would leave the HTTP stream open; closing it releases the connection.
             await stream.close()
         for index in sorted(calls):
             call = calls[index]
