@@ -37,7 +37,7 @@ async def test_work_order_streams_to_completion(
     _, success, message = await browser.completion(turn_id)
 
     assert success is True and message == "The answer is 42."
-    assert [p["text"] for p in browser.progress(turn_id)] == ["The ", "answer ", "is ", "42."]
+    assert browser.text(turn_id) == "The answer is 42."
     turn = await stored(relay, turn_id)
     assert turn.status == "finished"
     assert turn.text == "The answer is 42."
@@ -46,6 +46,40 @@ async def test_work_order_streams_to_completion(
         ("assistant", "The answer is 42."),
     ]
     assert upstream.peer.last is not None and upstream.peer.last.completed
+
+
+async def test_chunks_apart_in_time_reach_the_browser_one_by_one(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["The ", "answer ", "is ", "42."], delay=0.2))
+    await start_drone(upstream)
+    turn_id = (await browser.submit("What is the answer?"))["turnId"]
+    await browser.completion(turn_id)
+
+    assert [p["text"] for p in browser.progress(turn_id)] == ["The ", "answer ", "is ", "42."]
+
+
+async def test_a_fast_stream_is_coalesced_into_fewer_deltas_in_order(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    chunks = [f"t{i} " for i in range(400)]
+    upstream.peer.script(Reply(chunks=chunks, delay=0.001))
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Count fast"))["turnId"]
+    _, success, _ = await browser.completion(turn_id)
+
+    assert success is True
+    deltas = browser.progress(turn_id)
+    assert "".join(p["text"] for p in deltas) == "".join(chunks)
+    assert len(deltas) < len(chunks) / 4, f"{len(deltas)} deltas for {len(chunks)} chunks"
+    assert [p["seq"] for p in deltas] == list(range(1, len(deltas) + 1))
+    # Every delta is relayed before the finished message that holds the same text.
+    kinds = [
+        args["kind"]
+        for event, args in browser.events
+        if event == "workOrderProgress" and args["turnId"] == turn_id
+    ]
+    assert kinds == ["text"] * len(deltas) + ["message"]
 
 
 async def test_abort_mid_stream_closes_upstream_and_keeps_partial_text(
