@@ -21,6 +21,8 @@ from typing import Any
 
 import socketio
 
+from shared import runtime
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TOKEN = "bench-drone-token-0123456789"
@@ -70,7 +72,7 @@ def run_main(main: Coroutine[Any, Any, None]) -> None:
         await main
 
     try:
-        asyncio.run(guarded())
+        runtime.run(guarded())
     except asyncio.CancelledError:
         sys.exit(143)
 

@@ -19,6 +19,8 @@ from typing import Any
 import socketio
 from aiohttp import web
 
+from shared import runtime
+
 IDE, DRONE = "/ide", "/drone"
 
 
@@ -88,4 +90,4 @@ async def serve() -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        runtime.run(serve())

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shared import runtime
 from tests.peers import OllamaPeer, OpenAIPeer, Reply, UpstreamPeer
 
 
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1_000_000, help="chunks per reply")
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.provider, args.interval, args.chunks))
+        runtime.run(serve(args.provider, args.interval, args.chunks))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,10 @@ class AbortSignal:
             fired: asyncio.Future[None] = loop.create_future()
 
             def on_abort() -> None:
+                # Cancelled inside the abort itself, once: the pending read gets the cancel
+                # before anything else it waits on (an EOF, say) arrives, and its clean-up
+                # (closing the HTTP connection) is not interrupted by a second cancel.
+                task.cancel()
                 if not fired.done():
                     fired.set_result(None)
 
@@ -104,9 +108,8 @@ class AbortSignal:
             finally:
                 remove()
                 fired.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
+        if task.done() and (self._reason is None or not task.cancelled()):
+            return task.result()  # done before the abort: its result stands
         try:
             await task
         except asyncio.CancelledError:

@@ -67,9 +67,10 @@ async def test_race_returns_the_result_when_work_finishes_first() -> None:
 
 async def test_race_cancels_pending_work_at_once_on_abort() -> None:
     controller = AbortController()
-    cancelled = asyncio.Event()
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def stalled_read() -> None:
+        started.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -77,7 +78,7 @@ async def test_race_cancels_pending_work_at_once_on_abort() -> None:
             raise
 
     racing = asyncio.ensure_future(controller.signal.race(stalled_read()))
-    await asyncio.sleep(0)
+    await asyncio.wait_for(started.wait(), 1)
     controller.abort()
     with pytest.raises(AbortError):
         await asyncio.wait_for(racing, 1)

@@ -173,3 +173,43 @@ def test_a_stream_that_ended_normally_keeps_its_connection_for_the_next_one(
     with PeerThread(PEERS[name](default=Reply(chunks=["Hello", " world"]))) as upstream:
         provider = provider_for(name, upstream.peer.base_url)
         run_on(loop, lambda: abort_after_the_end_then_chat_again(provider, upstream))
+
+
+POOL = 100
+"""httpx's default connection limit, which the ollama SDK's client keeps."""
+
+
+async def many_aborts_then_a_full_chat(provider: Provider, upstream: PeerThread) -> None:
+    messages = [ChatMessage(role="user", content="Go on")]
+    try:
+        for _ in range(POOL + 5):
+            controller = AbortController()
+            first_chunk = asyncio.Event()
+
+            async def consume(signal: AbortSignal, first_chunk: asyncio.Event) -> None:
+                async for _event in provider.chat(messages, [], ChatOptions("m", signal)):
+                    first_chunk.set()
+
+            consumer = asyncio.ensure_future(consume(controller.signal, first_chunk))
+            await asyncio.wait_for(first_chunk.wait(), 5)
+            controller.abort()  # the consumer waits in its next read
+            with pytest.raises(AbortError):
+                await consumer
+        upstream.peer.script(Reply(chunks=["Still", " here"]))
+        events = [
+            event async for event in provider.chat(messages, [], ChatOptions("m", AbortSignal()))
+        ]
+        assert events == [TextChunk("Still"), TextChunk(" here")]
+    finally:
+        await provider.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_aborted_streams_give_their_connections_back(name: str, loop: str) -> None:
+    """The shutdown and the cancelled read together must still close each aborted connection in
+    the client's pool: were one left "active", a drone would stall for good after its pool's
+    worth of aborts, waiting for a free connection."""
+    with PeerThread(PEERS[name](default=Reply(chunks=["tok "] * 10_000, delay=0.005))) as upstream:
+        provider = provider_for(name, upstream.peer.base_url)
+        run_on(loop, lambda: asyncio.wait_for(many_aborts_then_a_full_chat(provider, upstream), 60))
