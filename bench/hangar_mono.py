@@ -5,10 +5,6 @@ the relay's and drones' log events on the clock it uses itself (CLOCK_MONOTONIC 
 
 What-if experiments (not the shipped behaviour), to measure where a latency comes from:
 
-- ``HANGAR_BENCH_SQLITE_SYNCHRONOUS=NORMAL``: the relay's SQLite store runs
-  ``PRAGMA synchronous=NORMAL`` once opened (no fsync per commit in WAL mode).
-- ``HANGAR_BENCH_SQLITE_INLINE=1``: aiosqlite runs each statement right in the event loop
-  instead of handing it to its worker thread and waiting for the answer.
 - ``HANGAR_BENCH_NO_LANES=1``: the relay handles each drone event directly in the task
   python-socketio gives it, without the per-turn ordering lane (order is then not guaranteed).
 
@@ -34,38 +30,6 @@ class _Monotonic(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.mono = time.monotonic()
         return True
-
-
-def _sqlite_what_if(synchronous: str) -> None:
-    from server.sqlite_store import SqliteTurnStore
-
-    opened = SqliteTurnStore.open
-
-    async def open_store(self: SqliteTurnStore) -> None:
-        await opened(self)
-        await self.db.execute(f"PRAGMA synchronous={synchronous}")
-
-    SqliteTurnStore.open = open_store  # type: ignore[method-assign]
-    logging.getLogger("bench").warning("what-if: SQLite synchronous=%s", synchronous)
-
-
-def _sqlite_inline() -> None:
-    import aiosqlite
-    import aiosqlite.core
-
-    connect = aiosqlite.connect
-
-    def connect_here(database: str, **options: Any) -> aiosqlite.Connection:
-        return connect(database, check_same_thread=False, **options)
-
-    async def execute_here(self: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not self._running or not self._connection:
-            raise ValueError("Connection closed")
-        return fn(*args, **kwargs)
-
-    aiosqlite.connect = connect_here  # type: ignore[assignment]
-    aiosqlite.core.Connection._execute = execute_here  # type: ignore[method-assign]
-    logging.getLogger("bench").warning("what-if: SQLite statements run in the event loop")
 
 
 def _no_lanes() -> None:
@@ -128,10 +92,6 @@ def run(argv: list[str]) -> int:
     handler.setFormatter(logging.Formatter("%(mono).6f %(levelname)s %(name)s %(message)s"))
     # Configured first, so the command's own basicConfig() is a no-op.
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    if synchronous := os.environ.get("HANGAR_BENCH_SQLITE_SYNCHRONOUS"):
-        _sqlite_what_if(synchronous)
-    if os.environ.get("HANGAR_BENCH_SQLITE_INLINE"):
-        _sqlite_inline()
     if os.environ.get("HANGAR_BENCH_NO_LANES"):
         _no_lanes()
     if os.environ.get("HANGAR_BENCH_TRACE_ACKS"):

@@ -10,9 +10,9 @@ from .common import PYTHON, Proc, Stack
 
 PLUMBING: tuple[str, ...] = (" (<frozen runpy>)", " (runners.py)", " (base_events.py)")
 PLUMBING += (" (events.py)", " (hangar_mono.py)", " (cli.py)", " (threading.py)", "thread (")
-IDLE = re.compile(  # a thread waiting: event loop poll, thread-pool worker, aiosqlite worker
+IDLE = re.compile(  # a thread waiting: asyncio's poll, uvloop's loop (leaf frame), a pool worker
     r"(select \(.*selectors\.py|_worker \(.*concurrent/futures/thread\.py"
-    r"|_connection_worker_thread \(.*aiosqlite/core\.py:59)"
+    r"|run \(.*uvloop/__init__\.py)"
 )
 
 

@@ -1,4 +1,4 @@
-"""The embedded ``TurnStore``: one SQLite file, written through aiosqlite."""
+"""The embedded ``TurnStore``: one SQLite file, used from a thread of its own."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import asyncio
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
-
-import aiosqlite
+from typing import Any, TypeVar
 
 from shared.protocol import ChatMessage, TurnStatus
 
 from .store import SessionBusyError, SessionRecord, TurnRecord
+
+T = TypeVar("T")
 
 MIGRATIONS = [
     """
@@ -52,162 +54,188 @@ MIGRATIONS = [
 
 
 class SqliteTurnStore:
+    """Every statement runs on one thread of the store's own, one call per operation.
+
+    A write and its commit run together in one call, so no caller's commit can publish another's
+    half-done change and nothing needs a lock on the event loop; a failed write is rolled back
+    before the next call starts. Each operation costs the event loop one hand-over to the thread
+    and back.
+    """
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._db: aiosqlite.Connection | None = None
-        # One connection serves every caller: a write and its commit go together, so one
-        # caller's commit never publishes another's half-done change.
-        self._writing = asyncio.Lock()
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        if self._db is None:
-            raise RuntimeError("The store is not open.")
-        return self._db
+        self._conn: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
 
     async def open(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = await aiosqlite.connect(self.path)
-        self._db.row_factory = aiosqlite.Row
-        await self._db.execute("PRAGMA journal_mode=WAL")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangar-sqlite")
+        self._conn = await self._call(self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
         # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
         # commits); FULL would fsync every commit, measured at 2.5 ms each here.
-        await self._db.execute("PRAGMA synchronous=NORMAL")
-        await self._db.execute("PRAGMA foreign_keys=ON")
-        async with self._db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        version = int(row[0]) if row else 0
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await self._db.executescript(script)
-            await self._db.execute(f"PRAGMA user_version = {number}")
-        await self._db.commit()
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {number}")
+        conn.commit()
+        return conn
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
+        if self._thread is None:
+            return
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
+        self._thread.shutdown(wait=False)
+        self._thread = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError("The store is not open.")
+        return self._conn
+
+    async def _call(self, work: Callable[[], T]) -> T:
+        if self._thread is None:
+            raise RuntimeError("The store is not open.")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)
+
+    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``work`` and commit it, or roll it back if it fails, in one call on the thread."""
+
+        def transaction() -> T:
+            conn = self.conn
+            try:
+                result = work(conn)
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+            return result
+
+        return await self._call(transaction)
+
+    async def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        return await self._call(lambda: self.conn.execute(sql, parameters).fetchall())
 
     async def create_session(self, session: SessionRecord) -> None:
-        async with self._writing:
-            await self._run(
+        await self._write(
+            lambda conn: conn.execute(
                 "INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
                 (session.session_id, session.owner, session.title, session.created_at),
             )
-            await self.db.commit()
-
-    async def get_session(self, session_id: str) -> SessionRecord | None:
-        async with self.db.execute(
-            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
-        ) as cursor:
-            row = await cursor.fetchone()
-        return _session(row) if row else None
-
-    async def list_sessions(self, owner: str) -> list[SessionRecord]:
-        async with self.db.execute(
-            "SELECT * FROM sessions WHERE owner = ? ORDER BY created_at DESC", (owner,)
-        ) as cursor:
-            return [_session(row) for row in await cursor.fetchall()]
-
-    async def create_turn(self, turn: TurnRecord) -> None:
-        async with self._writing:
-            try:
-                await self._insert_turn(turn)
-            except sqlite3.IntegrityError as error:
-                # Only the failed INSERT is undone; no rollback, which would also undo
-                # other callers' pending writes on this shared connection.
-                if "turns.session_id" in str(error):
-                    raise SessionBusyError() from None
-                raise
-            await self._insert_messages(turn.turn_id, turn.messages)
-            await self.db.commit()
-
-    async def _insert_turn(self, turn: TurnRecord) -> None:
-        await self._run(
-            "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
-            " drone_id, created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                turn.turn_id,
-                turn.session_id,
-                turn.owner,
-                turn.prompt,
-                turn.status,
-                turn.result,
-                turn.text,
-                turn.drone_id,
-                turn.created_at,
-                turn.ended_at,
-            ),
         )
 
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = await self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+        return _session(rows[0]) if rows else None
+
+    async def list_sessions(self, owner: str) -> list[SessionRecord]:
+        rows = await self._rows(
+            "SELECT * FROM sessions WHERE owner = ? ORDER BY created_at DESC", (owner,)
+        )
+        return [_session(row) for row in rows]
+
+    async def create_turn(self, turn: TurnRecord) -> None:
+        def insert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
+                " drone_id, created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    turn.turn_id,
+                    turn.session_id,
+                    turn.owner,
+                    turn.prompt,
+                    turn.status,
+                    turn.result,
+                    turn.text,
+                    turn.drone_id,
+                    turn.created_at,
+                    turn.ended_at,
+                ),
+            )
+            _insert_messages(conn, turn.turn_id, turn.messages)
+
+        try:
+            await self._write(insert)
+        except sqlite3.IntegrityError as error:
+            if "turns.session_id" in str(error):
+                raise SessionBusyError() from None
+            raise
+
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
-        async with self.db.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)) as cursor:
-            row = await cursor.fetchone()
-        if row is None:
-            return None
-        return (await self._with_messages([row]))[0] if messages else _turn(row)
+        def read() -> TurnRecord | None:
+            row = self.conn.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
+            if row is None:
+                return None
+            return _with_messages(self.conn, [row])[0] if messages else _turn(row)
+
+        return await self._call(read)
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
-        async with self.db.execute(
-            "SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, rowid", (session_id,)
-        ) as cursor:
-            rows = list(await cursor.fetchall())
-        return await self._with_messages(rows)
+        def read() -> list[TurnRecord]:
+            rows = self.conn.execute(
+                "SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, rowid",
+                (session_id,),
+            ).fetchall()
+            return _with_messages(self.conn, rows)
+
+        return await self._call(read)
 
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
-        async with self._writing:
-            await self._insert_messages(turn_id, messages)
-            await self.db.commit()
+        await self._write(lambda conn: _insert_messages(conn, turn_id, messages))
 
     async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
-        async with self._writing:
-            changed = await self._run(
+        def update(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
                 "UPDATE turns SET status = ?, result = ?, text = ?, ended_at = ?"
                 " WHERE turn_id = ? AND status = 'processing'",
                 (status, result, text, time.time(), turn_id),
             )
-            await self.db.commit()
-        return changed == 1
+            return cursor.rowcount == 1
+
+        return await self._write(update)
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None
     ) -> list[TurnRecord]:
-        async with self.db.execute(
+        rows = await self._rows(
             "SELECT * FROM turns WHERE status = 'processing'"
             " AND (? IS NULL OR owner = ?) AND (? IS NULL OR session_id = ?)"
             " ORDER BY created_at",
             (owner, owner, session_id, session_id),
-        ) as cursor:
-            return [_turn(row) for row in await cursor.fetchall()]
+        )
+        return [_turn(row) for row in rows]
 
-    async def _insert_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
-        if messages:
-            cursor = await self.db.executemany(
-                "INSERT INTO messages (turn_id, body) VALUES (?, ?)",
-                [(turn_id, json.dumps(m.wire())) for m in messages],
-            )
-            await cursor.close()
 
-    async def _run(self, sql: str, parameters: tuple[Any, ...]) -> int:
-        """Execute one statement and close its cursor; returns the rows it changed."""
-        async with self.db.execute(sql, parameters) as cursor:
-            return cursor.rowcount
+def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage]) -> None:
+    if messages:
+        conn.executemany(
+            "INSERT INTO messages (turn_id, body) VALUES (?, ?)",
+            [(turn_id, json.dumps(m.wire())) for m in messages],
+        )
 
-    async def _with_messages(self, rows: list[Any]) -> list[TurnRecord]:
-        turns = [_turn(row) for row in rows]
-        if not turns:
-            return turns
-        by_id = {turn.turn_id: turn for turn in turns}
-        marks = ",".join("?" for _ in by_id)
-        async with self.db.execute(
-            f"SELECT turn_id, body FROM messages WHERE turn_id IN ({marks}) ORDER BY message_id",
-            list(by_id),
-        ) as cursor:
-            for row in await cursor.fetchall():
-                by_id[row["turn_id"]].messages.append(
-                    ChatMessage.model_validate(json.loads(row["body"]))
-                )
+
+def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[TurnRecord]:
+    turns = [_turn(row) for row in rows]
+    if not turns:
         return turns
+    by_id = {turn.turn_id: turn for turn in turns}
+    marks = ",".join("?" for _ in by_id)
+    for row in conn.execute(
+        f"SELECT turn_id, body FROM messages WHERE turn_id IN ({marks}) ORDER BY message_id",
+        list(by_id),
+    ):
+        by_id[row["turn_id"]].messages.append(ChatMessage.model_validate(json.loads(row["body"])))
+    return turns
 
 
 def _session(row: Any) -> SessionRecord:
