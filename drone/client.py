@@ -148,9 +148,10 @@ class DroneClient:
         self.refused = asyncio.Event()
         self.connected = asyncio.Event()
         self.chunks_streamed = 0
-        self.reports: dict[str, TurnReport] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         """Text chunks streamed from the model so far (about one token each)."""
+        self.reports: dict[str, TurnReport] = {}
+        """The report of each turn running here, dropped with its completion."""
+        self._tasks: set[asyncio.Task[None]] = set()
         self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
         self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
         self.sio.on("connect_error", self._on_connect_error, namespace=DRONE_NAMESPACE)
