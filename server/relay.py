@@ -172,13 +172,7 @@ class Relay:
         )
         log.info("work order sent turn=%s drone=%s", turn_id, drone.drone_id)
         try:
-            answer = await self.sio.call(
-                WORK_ORDER,
-                order.wire(),
-                to=drone.sid,
-                namespace=DRONE_NAMESPACE,
-                timeout=DRONE_CALL_TIMEOUT,
-            )
+            answer = await self._call_drone(WORK_ORDER, order.wire(), drone)
         except socketio.exceptions.TimeoutError:
             answer = {"ok": False, "error": "The drone did not accept the work order in time."}
         except socketio.exceptions.SocketIOError:
@@ -203,13 +197,7 @@ class Relay:
         requested_at = time.monotonic()
         await self.cluster.abort_started(turn_id)
         try:
-            answer = await self.sio.call(
-                ABORT_WORK_ORDER,
-                {"turnId": turn_id},
-                to=route.sid,
-                namespace=DRONE_NAMESPACE,
-                timeout=DRONE_CALL_TIMEOUT,
-            )
+            answer = await self._call_drone(ABORT_WORK_ORDER, {"turnId": turn_id}, route)
         except socketio.exceptions.TimeoutError:
             return False, "The drone did not answer the abort."
         except socketio.exceptions.SocketIOError:
@@ -459,6 +447,35 @@ class Relay:
         if best is None:
             return None, "Every drone is busy."
         return best[1], ""
+
+    async def _call_drone(self, event: str, data: Any, route: DroneRoute) -> Any:
+        """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
+        no task per call, and straight to the socket when the drone is connected here.
+
+        Raises ``socketio.exceptions.TimeoutError`` after ``DRONE_CALL_TIMEOUT``.
+        """
+        answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+
+        def on_answer(*args: Any) -> None:
+            if not answered.done():
+                answered.set_result(args)
+
+        local = self.drones.get(route.drone_id)
+        await self.sio.emit(
+            event,
+            data,
+            to=route.sid,
+            namespace=DRONE_NAMESPACE,
+            callback=on_answer,
+            # Through the cluster's message queue only when another relay holds the drone.
+            ignore_queue=local is not None and local.sid == route.sid,
+        )
+        try:
+            async with asyncio.timeout(DRONE_CALL_TIMEOUT):
+                args = await answered
+        except TimeoutError:
+            raise socketio.exceptions.TimeoutError() from None
+        return args[0] if len(args) == 1 else (args or None)
 
     async def _to_session(self, session_id: str, event: str, data: Any) -> None:
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
