@@ -93,7 +93,7 @@ class SqliteTurnStore:
             return
         conn, self._conn = self._conn, None
         if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
+            await self._call(conn.close)
         self._thread.shutdown(wait=False)
         self._thread = None
 
@@ -136,13 +136,13 @@ class SqliteTurnStore:
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
-        return _session(rows[0]) if rows else None
+        return SessionRecord(**dict(rows[0])) if rows else None
 
     async def list_sessions(self, owner: str) -> list[SessionRecord]:
         rows = await self._rows(
             "SELECT * FROM sessions WHERE owner = ? ORDER BY created_at DESC", (owner,)
         )
-        return [_session(row) for row in rows]
+        return [SessionRecord(**dict(row)) for row in rows]
 
     async def create_turn(self, turn: TurnRecord) -> None:
         def insert(conn: sqlite3.Connection) -> None:
@@ -176,7 +176,7 @@ class SqliteTurnStore:
             row = self.conn.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
             if row is None:
                 return None
-            return _with_messages(self.conn, [row])[0] if messages else _turn(row)
+            return _with_messages(self.conn, [row])[0] if messages else TurnRecord(**dict(row))
 
         return await self._call(read)
 
@@ -213,7 +213,7 @@ class SqliteTurnStore:
             " ORDER BY created_at",
             (owner, owner, session_id, session_id),
         )
-        return [_turn(row) for row in rows]
+        return [TurnRecord(**dict(row)) for row in rows]
 
 
 def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage]) -> None:
@@ -225,7 +225,7 @@ def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[Chat
 
 
 def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[TurnRecord]:
-    turns = [_turn(row) for row in rows]
+    turns = [TurnRecord(**dict(row)) for row in rows]
     if not turns:
         return turns
     by_id = {turn.turn_id: turn for turn in turns}
@@ -236,28 +236,3 @@ def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[Tu
     ):
         by_id[row["turn_id"]].messages.append(ChatMessage.model_validate(json.loads(row["body"])))
     return turns
-
-
-def _session(row: Any) -> SessionRecord:
-    return SessionRecord(
-        session_id=row["session_id"],
-        owner=row["owner"],
-        title=row["title"],
-        created_at=row["created_at"],
-    )
-
-
-def _turn(row: Any) -> TurnRecord:
-    return TurnRecord(
-        turn_id=row["turn_id"],
-        session_id=row["session_id"],
-        owner=row["owner"],
-        prompt=row["prompt"],
-        status=row["status"],
-        result=row["result"],
-        text=row["text"],
-        drone_id=row["drone_id"],
-        created_at=row["created_at"],
-        ended_at=row["ended_at"],
-        messages=[],
-    )
