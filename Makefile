@@ -1,9 +1,10 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# Each installs what it needs (a virtualenv in .venv, the browser client in web/node_modules).
+# Each installs what it needs (a virtualenv in .venv, the page's libraries in web/vendor).
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
+TYPECHECK = build/typecheck/hangar
 
 .PHONY: demo test check install browser clean
 
@@ -13,21 +14,33 @@ demo: install
 test: install browser check
 	$(BIN)/pytest
 
-check: install
+check: install $(TYPECHECK)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-install: $(VENV)/.installed web/node_modules/.package-lock.json
+install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The package data includes web/vendor, so it is copied before the install.
+$(VENV)/.installed: pyproject.toml web/vendor/.copied
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
 web/node_modules/.package-lock.json: web/package-lock.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+# The page loads its libraries from web/vendor (shipped in the wheel), copied from npm's tree.
+web/vendor/.copied: web/node_modules/.package-lock.json web/vendor.txt
+	rm -rf web/vendor && mkdir -p web/vendor
+	cd web && while read -r file; do case "$$file" in ''|\#*) ;; *) cp "node_modules/$$file" vendor/;; esac; done < vendor.txt
+	touch $@
+
+# mypy follows the installed names (hangar.*) through links to the folders.
+$(TYPECHECK):
+	mkdir -p $@
+	for part in shared server drone; do ln -sfn ../../../$$part $@/$$part; done
 
 # Browser tests drive Debian's Chromium; install it where we can (root with apt-get).
 browser:
@@ -40,4 +53,4 @@ browser:
 	fi
 
 clean:
-	rm -rf $(VENV) web/node_modules test-artifacts
+	rm -rf $(VENV) web/node_modules web/vendor build test-artifacts

@@ -21,7 +21,7 @@ from typing import Any
 
 import socketio
 
-from shared import runtime
+from hangar.shared import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

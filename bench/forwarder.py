@@ -19,7 +19,7 @@ from typing import Any
 import socketio
 from aiohttp import web
 
-from shared import runtime
+from hangar.shared import runtime
 
 IDE, DRONE = "/ide", "/drone"
 

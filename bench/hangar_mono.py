@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from server.cli import main
+from hangar.shared.cli import main
 
 
 class _Monotonic(logging.Filter):
@@ -33,12 +33,12 @@ class _Monotonic(logging.Filter):
 
 
 def _no_lanes() -> None:
-    from server.sessions import DroneSession
+    from hangar.server.lanes import TurnLanes
 
-    async def directly(self: DroneSession, turn_id: str, job: Callable[[], Any]) -> Any:
+    async def directly(self: TurnLanes, turn_id: str, job: Callable[[], Any]) -> Any:
         return await job()
 
-    DroneSession._in_order = directly  # type: ignore[assignment,method-assign]
+    TurnLanes.run = directly  # type: ignore[assignment,method-assign]
     logging.getLogger("bench").warning("what-if: drone events without per-turn lanes")
 
 

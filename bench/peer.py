@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from shared import runtime
-from tests.peers import OllamaPeer, OpenAIPeer, Reply, UpstreamPeer
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, UpstreamPeer
+from hangar.shared import runtime
 
 
 def _prompt(messages: list[dict[str, Any]]) -> str:

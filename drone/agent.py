@@ -1,19 +1,22 @@
 """The agent loop: call the model, run the tools it asks for, feed results back, until it answers.
 
-Abort lands by the rules of DESIGN.md section 3: whatever the phase, the messages kept form a valid
-conversation (partial text is kept and flagged; every tool call gets a result, a synthetic
-"cancelled" one when it did not run), then ``AbortError`` propagates to the caller.
+Abort lands by the phase-by-phase rules of ``docs/architecture.md``: whatever the phase, the
+messages kept form a valid conversation (partial text is kept and flagged; every tool call gets a
+result, a synthetic "cancelled" one when it did not run), then ``AbortError`` propagates to the
+caller. The model's stream is read inside an abort scope, so an abort interrupts the pending read
+at once; what must be kept is kept outside any scope, so it is never interrupted.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
-from shared.abort import AbortError, AbortSignal
-from shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
+from hangar.shared.abort import AbortError, AbortSignal
+from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
 
 from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec
 
@@ -75,16 +78,7 @@ class Agent:
             text: list[str] = []
             calls: list[ToolCall] = []
             try:
-                async for event in self.provider.chat(
-                    messages, self.tools.specs, ChatOptions(self.provider.model, signal)
-                ):
-                    if isinstance(event, TextChunk):
-                        text.append(event.text)
-                        await self.report.text(event.text, self.depth)
-                    elif isinstance(event, ToolCallRequest):
-                        calls.append(
-                            ToolCall(id=event.id, name=event.name, arguments=event.arguments)
-                        )
+                await self._call_model(messages, signal, text, calls)
             except AbortError:
                 if text:
                     await keep(ChatMessage(role="assistant", content="".join(text), aborted=True))
@@ -96,6 +90,28 @@ class Agent:
                 return "".join(text)
             await self._run_tools(calls, signal, keep)
         raise StepLimitError(f"Stopped after {self.max_steps} model calls without a final answer.")
+
+    async def _call_model(
+        self,
+        messages: list[ChatMessage],
+        signal: AbortSignal,
+        text: list[str],
+        calls: list[ToolCall],
+    ) -> None:
+        """One model call, read inside an abort scope: ``text`` and ``calls`` fill as it streams
+        (what streamed before an abort stays in them)."""
+        async with signal.scope() as scope:
+            options = ChatOptions(self.provider.model, scope.signal)
+            stream = self.provider.chat(messages, self.tools.specs, options)
+            async with aclosing(stream) as events:
+                async for event in events:
+                    if isinstance(event, TextChunk):
+                        text.append(event.text)
+                        await self.report.text(event.text, self.depth)
+                    elif isinstance(event, ToolCallRequest):
+                        calls.append(
+                            ToolCall(id=event.id, name=event.name, arguments=event.arguments)
+                        )
 
     async def _run_tools(
         self,

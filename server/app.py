@@ -7,24 +7,31 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 import socketio
 from aiohttp import web
 
-from .cluster import LocalCluster, RedisCluster
+from .browsers import IdeNamespace
+from .drones import DroneNamespace
+from .identity import IDENTITY_COOKIE
+from .live_state import LiveState, LocalLiveState
 from .relay import Relay
-from .sessions import IDENTITY_COOKIE, DroneNamespace, IdeNamespace
 from .sqlite_store import SqliteTurnStore
 from .store import TurnStore
 
 log = logging.getLogger("hangar.relay")
 
-WEB_DIR = Path(os.environ.get("HANGAR_WEB_DIR", Path(__file__).resolve().parent.parent / "web"))
-SOCKET_IO_CLIENT = "node_modules/socket.io-client/dist/socket.io.esm.min.js"
 MAX_TRANSPORT_BYTES = 4_000_000
 """Engine.IO drops a connection sending more in one message; smaller ones get error acks."""
 RELAY = web.AppKey("relay", Relay)
+
+
+def web_dir() -> Path:
+    """Where the page is: the installed ``hangar.web`` package, or ``HANGAR_WEB_DIR``."""
+    override = os.environ.get("HANGAR_WEB_DIR")
+    return Path(override) if override else Path(str(files("hangar.web")))
 
 
 @dataclass
@@ -50,6 +57,14 @@ def open_store(database: str) -> TurnStore:
     return SqliteTurnStore(database.removeprefix("sqlite:///"))
 
 
+def open_live_state(redis: str | None) -> LiveState:
+    if redis:
+        from .redis_state import RedisLiveState
+
+        return RedisLiveState(redis)
+    return LocalLiveState()
+
+
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = socketio.AsyncRedisManager(config.redis) if config.redis else None
@@ -64,7 +79,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     relay = Relay(
         store or open_store(config.database),
         sio,
-        RedisCluster(config.redis) if config.redis else LocalCluster(),
+        open_live_state(config.redis),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,
@@ -86,12 +101,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         await relay.store.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/", index)
+    add_page(app, web_dir())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", relay.metrics.serve)
-    app.router.add_get("/vendor/socket.io.esm.min.js", socket_io_client)
-    if (WEB_DIR / "index.html").exists():
-        app.router.add_static("/static/", WEB_DIR, follow_symlinks=False)
     if config.demo_model:
         from .demo_model import add_demo_model
 
@@ -99,29 +111,33 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     return app
 
 
-async def index(request: web.Request) -> web.StreamResponse:
-    page = WEB_DIR / "index.html"
-    if not page.exists():
-        return web.Response(text="Hangar relay is running; the web page is not installed.")
-    response = web.FileResponse(page, headers={"Cache-Control": "no-cache"})
-    if IDENTITY_COOKIE not in request.cookies:
-        response.set_cookie(
-            IDENTITY_COOKIE,
-            secrets.token_urlsafe(32),
-            max_age=365 * 24 * 3600,
-            httponly=True,
-            samesite="Lax",
-        )
-    return response
+def add_page(app: web.Application, page_dir: Path) -> None:
+    """Serve the page at ``/`` and its modules and vendored libraries under ``/static/``."""
 
+    async def index(request: web.Request) -> web.StreamResponse:
+        page = page_dir / "index.html"
+        if not page.exists():
+            return web.Response(text="Hangar relay is running; the web page is not installed.")
+        response = web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+        if IDENTITY_COOKIE not in request.cookies:
+            response.set_cookie(
+                IDENTITY_COOKIE,
+                secrets.token_urlsafe(32),
+                max_age=365 * 24 * 3600,
+                httponly=True,
+                samesite="Lax",
+            )
+        return response
 
-async def socket_io_client(request: web.Request) -> web.StreamResponse:
-    path = WEB_DIR / SOCKET_IO_CLIENT
-    if not path.exists():
-        raise web.HTTPNotFound(text="socket.io-client is not installed: run npm ci in web/.")
-    return web.FileResponse(path)
+    app.router.add_get("/", index)
+    if (page_dir / "index.html").exists():
+        if not (page_dir / "vendor").is_dir():
+            log.warning("the page's libraries are missing from %s/vendor: run make", page_dir)
+        app.router.add_static("/static/", page_dir, follow_symlinks=False)
 
 
 async def healthz(request: web.Request) -> web.Response:
     relay = request.app[RELAY]
-    return web.json_response({"ok": True, "drones": len(relay.drones), "live": len(relay.live)})
+    return web.json_response(
+        {"ok": True, "drones": len(relay.directory.local), "live": len(relay.turns.live)}
+    )

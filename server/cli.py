@@ -1,44 +1,37 @@
-"""``hangar``: ``serve`` runs a relay, ``drone`` a worker, ``demo`` both in one process."""
+"""The relay's commands: ``hangar serve`` runs a relay, ``hangar demo`` a relay with one drone.
+
+The demo's drone is a child process (``python -m hangar.drone``): the relay and the drone meet
+only on the wire, even here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
-import secrets
+import signal
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from aiohttp import web
 
-from drone import cli as drone_cli
-from shared import runtime
+from hangar.shared import runtime
+from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.cli import add_log_level
 
-from .app import RelayConfig, build_app
+from .app import RELAY, RelayConfig, build_app
 from .demo_model import DEMO_MODEL, DEMO_PATH
 
 log = logging.getLogger("hangar")
 
-
-def hangar_version() -> str:
-    try:
-        return version("hangar")
-    except PackageNotFoundError:
-        return "0+unknown"
+DRONE_START_TIMEOUT = 30.0
+DRONE_STOP_TIMEOUT = 10.0
+SHUTDOWN = "The relay is shutting down."
 
 
-def parser() -> argparse.ArgumentParser:
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env = os.environ.get
-    top = argparse.ArgumentParser(
-        prog="hangar", description="Run AI-agent work orders on remote drones; abort them at once."
-    )
-    top.add_argument("--version", action="version", version=f"hangar {hangar_version()}")
-    top.add_argument(
-        "--log-level", default=env("HANGAR_LOG_LEVEL", "INFO"), help="(HANGAR_LOG_LEVEL)"
-    )
-    commands = top.add_subparsers(dest="command", required=True)
-
     serve = commands.add_parser("serve", help="run a relay", description="Run a relay.")
     add_relay_arguments(serve)
     serve.add_argument(
@@ -46,32 +39,26 @@ def parser() -> argparse.ArgumentParser:
         default=env("HANGAR_DRONE_TOKEN", ""),
         help="token drones must present (HANGAR_DRONE_TOKEN; default: a new one, printed)",
     )
-
-    drone = commands.add_parser(
-        "drone", help="run a drone (worker)", description="Run a drone that takes work orders."
-    )
-    drone_cli.add_arguments(drone)
-
     demo = commands.add_parser(
         "demo",
-        help="run a relay and one drone in one process",
+        help="run a relay and one drone",
         description="Run a relay and one drone. With no OPENAI_API_KEY or OLLAMA_HOST the drone "
         "talks to the built-in offline demo model.",
     )
     add_relay_arguments(demo)
     demo.add_argument("--model", default=env("HANGAR_MODEL", ""), help="(HANGAR_MODEL)")
-    return top
 
 
 def add_relay_arguments(command: argparse.ArgumentParser) -> None:
     env = os.environ.get
+    add_log_level(command)
     command.add_argument(
         "--host", default=env("HANGAR_HOST", "127.0.0.1"), help="(HANGAR_HOST; default %(default)s)"
     )
     command.add_argument(
         "--port",
         type=int,
-        default=int(env("HANGAR_PORT", "8080")),
+        default=env("HANGAR_PORT", "8080"),
         help="(HANGAR_PORT; default %(default)s; 0 picks a free port)",
     )
     command.add_argument(
@@ -87,21 +74,21 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--abort-grace",
         type=float,
-        default=float(env("HANGAR_ABORT_GRACE", "10")),
+        default=env("HANGAR_ABORT_GRACE", "10"),
         help="seconds after an acknowledged abort before the relay ends the turn itself "
         "(HANGAR_ABORT_GRACE; default %(default)s)",
     )
     command.add_argument(
         "--drone-grace",
         type=float,
-        default=float(env("HANGAR_DRONE_GRACE", "3")),
+        default=env("HANGAR_DRONE_GRACE", "3"),
         help="seconds a disconnected drone has to come back before its turns end in error "
         "(HANGAR_DRONE_GRACE; default %(default)s)",
     )
 
 
-def relay_config(args: argparse.Namespace, **overrides: object) -> RelayConfig:
-    config = RelayConfig(
+def relay_config(args: argparse.Namespace) -> RelayConfig:
+    return RelayConfig(
         host=args.host,
         port=args.port,
         database=args.database,
@@ -109,9 +96,6 @@ def relay_config(args: argparse.Namespace, **overrides: object) -> RelayConfig:
         abort_grace=args.abort_grace,
         drone_grace=args.drone_grace,
     )
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
 
 
 async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
@@ -119,7 +103,11 @@ async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(build_app(config), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else config.port
@@ -127,8 +115,8 @@ async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
 
 
 async def serve(config: RelayConfig, token_was_given: bool) -> int:
-    stop = asyncio.Event()
-    drone_cli.install_stop(stop)
+    root = AbortController()
+    runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     try:
         runner, port = await start_relay(config)
     except OSError as error:
@@ -145,18 +133,32 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
             flush=True,
         )
     try:
-        await stop.wait()
+        await root.signal.wait()
     finally:
         await runner.cleanup()
     return 0
 
 
-async def demo(config: RelayConfig, model: str) -> int:
-    stop = asyncio.Event()
-    drone_cli.install_stop(stop)
+def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
+    """The demo drone's command-line arguments, and a label for what it talks to."""
     openai_key = os.environ.get("OPENAI_API_KEY")
     ollama_host = os.environ.get("OLLAMA_HOST")
-    config.demo_model = not (openai_key or ollama_host)
+    common = ["--server", base, "--name", "demo-drone"]
+    if openai_key:
+        chosen = model or "gpt-4o-mini"
+        return [*common, "--provider", "openai", "--model", chosen], f"OpenAI model {chosen}"
+    if ollama_host:
+        chosen = model or "llama3.2"
+        label = f"Ollama model {chosen} at {ollama_host}"
+        return [*common, "--provider", "ollama", "--model", chosen], label
+    arguments = [*common, "--provider", "openai", "--base-url", base + DEMO_PATH]
+    return [*arguments, "--model", DEMO_MODEL], "the offline demo model (canned answers, no LLM)"
+
+
+async def demo(config: RelayConfig, model: str) -> int:
+    root = AbortController()
+    runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
+    config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))
     try:
         runner, port = await start_relay(config)
     except OSError as error:
@@ -166,40 +168,55 @@ async def demo(config: RelayConfig, model: str) -> int:
         )
         return 1
     base = f"http://{config.host}:{port}"
-    drone = drone_cli.DroneConfig(server=base, token=config.drone_token, name="demo-drone")
-    if openai_key:
-        drone.provider, drone.api_key = "openai", openai_key
-        drone.base_url = os.environ.get("OPENAI_BASE_URL")
-        drone.model = model or drone_cli.DEFAULT_MODELS["openai"]
-        label = f"OpenAI model {drone.model}"
-    elif ollama_host:
-        drone.provider, drone.ollama_host = "ollama", ollama_host
-        drone.model = model or drone_cli.DEFAULT_MODELS["ollama"]
-        label = f"Ollama model {drone.model} at {ollama_host}"
-    else:
-        drone.provider, drone.base_url, drone.model = "openai", base + DEMO_PATH, DEMO_MODEL
-        label = "the offline demo model (canned answers, no LLM)"
-    print(f"Hangar demo running: open {base}/ in your browser", flush=True)
-    print(f"One drone is connected, using {label}. Press Ctrl-C to stop.", flush=True)
+    arguments, label = demo_drone_arguments(base, model)
+    env = {**os.environ, "HANGAR_DRONE_TOKEN": config.drone_token, "HANGAR_STATUS_LINE": "off"}
+    # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once.
+    drone = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hangar.drone", *arguments, env=env, start_new_session=True
+    )
     try:
-        return await drone_cli.run_drone(drone, stop)
+        if not await _drone_connected(runner, drone):
+            print("hangar demo: the demo drone did not start.", file=sys.stderr)
+            return 1
+        print(f"Hangar demo running: open {base}/ in your browser", flush=True)
+        print(f"One drone is connected, using {label}. Press Ctrl-C to stop.", flush=True)
+        stopped = asyncio.ensure_future(root.signal.wait())
+        exited = asyncio.ensure_future(drone.wait())
+        await asyncio.wait((stopped, exited), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        exited.cancel()
+        return 0 if root.signal.aborted else 1
     finally:
+        await _stop_child(drone)
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    if args.command == "drone":
-        return drone_cli.main(args)
+async def _drone_connected(runner: web.AppRunner, drone: asyncio.subprocess.Process) -> bool:
+    relay = runner.app[RELAY]
+    deadline = asyncio.get_running_loop().time() + DRONE_START_TIMEOUT
+    while not relay.directory.local:
+        if drone.returncode is not None or asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)  # polling a child process start, bounded above
+    return True
+
+
+async def _stop_child(process: asyncio.subprocess.Process) -> None:
+    """Ctrl-C the drone (it aborts and reports its turns), then kill it if it lingers."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), DRONE_STOP_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        token = args.drone_token or secrets.token_urlsafe(24)
-        return runtime.run(serve(relay_config(args, drone_token=token), bool(args.drone_token)))
+        config = relay_config(args)
+        if args.drone_token:
+            config.drone_token = args.drone_token
+        return runtime.run(serve(config, bool(args.drone_token)))
     return runtime.run(demo(relay_config(args), args.model))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

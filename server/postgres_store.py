@@ -12,42 +12,12 @@ from typing import Any
 
 import asyncpg
 
-from shared.protocol import ChatMessage, TurnStatus
+from hangar.shared.protocol import ChatMessage, TurnStatus
 
+from .schema import migrations
 from .store import SessionBusyError, SessionRecord, TurnRecord
 
-MIGRATIONS = [
-    """
-    CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        owner TEXT NOT NULL,
-        title TEXT NOT NULL,
-        created_at DOUBLE PRECISION NOT NULL
-    );
-    CREATE INDEX sessions_owner ON sessions (owner, created_at);
-    CREATE TABLE turns (
-        turn_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        owner TEXT NOT NULL,
-        prompt TEXT NOT NULL,
-        status TEXT NOT NULL CHECK (status IN ('processing', 'finished', 'aborted', 'error')),
-        result TEXT,
-        text TEXT NOT NULL DEFAULT '',
-        drone_id TEXT,
-        created_at DOUBLE PRECISION NOT NULL,
-        ended_at DOUBLE PRECISION
-    );
-    CREATE INDEX turns_session ON turns (session_id, created_at);
-    CREATE INDEX turns_processing ON turns (status) WHERE status = 'processing';
-    CREATE UNIQUE INDEX one_processing_turn ON turns (session_id) WHERE status = 'processing';
-    CREATE TABLE messages (
-        message_id BIGSERIAL PRIMARY KEY,
-        turn_id TEXT NOT NULL REFERENCES turns (turn_id),
-        body JSONB NOT NULL
-    );
-    CREATE INDEX messages_turn ON messages (turn_id, message_id);
-    """,
-]
+MIGRATIONS = migrations("postgresql")
 
 
 class PostgresTurnStore:

@@ -11,46 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.protocol import ChatMessage, TurnStatus
+from hangar.shared.protocol import ChatMessage, TurnStatus
 
+from .schema import migrations
 from .store import SessionBusyError, SessionRecord, TurnRecord
 
 T = TypeVar("T")
 
-MIGRATIONS = [
-    """
-    CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        owner TEXT NOT NULL,
-        title TEXT NOT NULL,
-        created_at REAL NOT NULL
-    );
-    CREATE INDEX sessions_owner ON sessions (owner, created_at);
-    CREATE TABLE turns (
-        turn_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        owner TEXT NOT NULL,
-        prompt TEXT NOT NULL,
-        status TEXT NOT NULL CHECK (status IN ('processing', 'finished', 'aborted', 'error')),
-        result TEXT,
-        text TEXT NOT NULL DEFAULT '',
-        drone_id TEXT,
-        created_at REAL NOT NULL,
-        ended_at REAL
-    );
-    CREATE INDEX turns_session ON turns (session_id, created_at);
-    CREATE INDEX turns_status ON turns (status);
-    CREATE TABLE messages (
-        message_id INTEGER PRIMARY KEY AUTOINCREMENT,
-        turn_id TEXT NOT NULL REFERENCES turns (turn_id),
-        body TEXT NOT NULL
-    );
-    CREATE INDEX messages_turn ON messages (turn_id, message_id);
-    """,
-    """
-    CREATE UNIQUE INDEX one_processing_turn ON turns (session_id) WHERE status = 'processing';
-    """,
-]
+MIGRATIONS = migrations("sqlite")
 
 
 class SqliteTurnStore:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shared.protocol import ChatMessage, SessionView, TurnStatus, TurnView
+from hangar.shared.protocol import ChatMessage, SessionView, TurnStatus, TurnView
 
 
 @dataclass

@@ -103,12 +103,19 @@ class OpenSession(Wire):
 # ---- relay <-> browser views
 
 
-class DroneView(Wire):
-    drone_id: str
-    name: str
-    provider: str
-    model: str
-    concurrency: int
+class DroneRecord(Wire):
+    """What a drone is: the one description of a drone, which the hello and the view extend."""
+
+    drone_id: Id
+    name: str = Field(min_length=1, max_length=128)
+    provider: str = Field(min_length=1, max_length=64)
+    model: str = Field(min_length=1, max_length=256)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+
+
+class DroneView(DroneRecord):
+    """A drone as browsers see it."""
+
     running: int
     """How many turns the drone runs now (which ones is their owners' business)."""
     busy: bool
@@ -185,17 +192,15 @@ Progress = Annotated[TextDelta | MessageAdded | ToolActivity, Field(discriminato
 PROGRESS = TypeAdapter(Progress)
 
 
-class DroneHello(Wire):
+class DroneHello(DroneRecord):
     """The socket.io ``auth`` a drone connects with."""
 
     token: str = Field(min_length=1, max_length=512)
-    drone_id: Id
-    name: str = Field(min_length=1, max_length=128)
-    provider: str = Field(min_length=1, max_length=64)
-    model: str = Field(min_length=1, max_length=256)
-    concurrency: int = Field(default=1, ge=1, le=1024)
     running: list[Id] = Field(default_factory=list)
     """Turns the drone is still running (non-empty after a reconnect)."""
+
+    def record(self) -> DroneRecord:
+        return DroneRecord.model_validate(self.model_dump(include=set(DroneRecord.model_fields)))
 
 
 class Completion(Wire):

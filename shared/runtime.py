@@ -18,8 +18,11 @@ import asyncio
 import gc
 import logging
 import os
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from .abort import AbortController, AbortError
 
 log = logging.getLogger("hangar")
 
@@ -57,3 +60,20 @@ def freeze_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def abort_on_signals(root: AbortController, reason: AbortError) -> None:
+    """Ctrl-C (or SIGTERM) once aborts ``root`` with ``reason``; a second time exits at once.
+
+    Stopping a process is an abort like any other: whatever runs under ``root`` ends the way a
+    person's Cancel ends it.
+    """
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if root.signal.aborted:
+            os._exit(130)
+        root.abort(reason)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)

@@ -18,15 +18,18 @@ from typing import Any
 import pytest
 import socketio
 
-from drone.cli import DroneConfig, run_drone
-from server.app import RELAY, RelayConfig
-from server.cli import start_relay
-from server.relay import Relay
-from shared.protocol import IDE_NAMESPACE
-from tests.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
+from bench.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
+from hangar.drone.worker import DroneConfig, run_drone
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from hangar.server.relay import Relay
+from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.protocol import IDE_NAMESPACE
 
 DRONE_TOKEN = "test-drone-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
+HANGAR = [sys.executable, "-m", "hangar.shared.cli"]
+"""The ``hangar`` command, run by this interpreter."""
 
 
 async def eventually(
@@ -106,8 +109,12 @@ async def upstream(request: pytest.FixtureRequest) -> AsyncIterator[Upstream]:
 @dataclass
 class DroneHandle:
     config: DroneConfig
-    stop: asyncio.Event
+    root: AbortController
     task: asyncio.Task[int]
+
+    def stop(self) -> None:
+        """Stop the drone as its operator's Ctrl-C would."""
+        self.root.abort(AbortError("The drone's operator stopped it.", cause="operator"))
 
     @property
     def drone_id(self) -> str:
@@ -127,18 +134,18 @@ async def start_drone(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
             name=f"drone{next(counter)}",
             **options,
         )
-        stop = asyncio.Event()
-        handle = DroneHandle(config, stop, asyncio.ensure_future(run_drone(config, stop)))
+        root = AbortController()
+        handle = DroneHandle(config, root, asyncio.ensure_future(run_drone(config, root)))
         drones.append(handle)
         await eventually(
-            lambda: handle.drone_id in relay.relay.drones or handle.task.done(),
+            lambda: handle.drone_id in relay.relay.directory.local or handle.task.done(),
             what="the drone to connect",
         )
         return handle
 
     yield start
     for handle in drones:
-        handle.stop.set()
+        handle.stop()
     await asyncio.gather(*(h.task for h in drones), return_exceptions=True)
 
 
@@ -250,7 +257,7 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
     ) -> subprocess.Popen[bytes]:
         settings = upstream.drone_settings()
         args = [
-            sys.executable, "-m", "server.cli", "drone", "--server", server,
+            *HANGAR, "drone", "--server", server,
             "--token", DRONE_TOKEN, "--name", name, "--concurrency", str(concurrency),
             "--provider", settings["provider"], "--model", settings["model"],
             "--workdir", str(tmp_path),
@@ -355,7 +362,7 @@ async def relay_processes(
         log = open(tmp_path / f"relay-{len(started)}.log", "w+b")  # noqa: SIM115, ASYNC230
         shared = ["--redis", redis_url] if redis else []
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+            *HANGAR, "serve", "--port", str(port),
             "--database", postgres_url, *shared, "--drone-token", DRONE_TOKEN,
             "--abort-grace", str(abort_grace), "--drone-grace", str(drone_grace),
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

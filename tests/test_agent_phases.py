@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, ChatMessage
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, ChatMessage
 from tests.conftest import Browser, DroneHandle, RelayHandle, Upstream, eventually
-from tests.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 

@@ -8,10 +8,11 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from drone.providers import OpenAIProvider
-from drone.service import AgentService
-from shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, WorkOrder
-from tests.peers import OpenAIPeer, Reply, ScriptedToolCall
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.providers import OpenAIProvider
+from hangar.drone.service import AgentService
+from hangar.shared.abort import AbortController
+from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, WorkOrder
 
 TWO_CALLS = Reply(
     chunks=[],
@@ -57,7 +58,7 @@ class Recorder:
 def service_for(peer: OpenAIPeer, recorder: Recorder, workdir: Path) -> AgentService:
     (workdir / "a.txt").write_text("contents of a")
     provider = OpenAIProvider("gpt-test", api_key="k", base_url=peer.base_url + "/v1")
-    return AgentService(provider, recorder, workdir=workdir)
+    return AgentService(provider, recorder, root=AbortController().signal, workdir=workdir)
 
 
 def order(turn_id: str, prompt: str, history: list[ChatMessage] | None = None) -> WorkOrder:

@@ -6,18 +6,17 @@ import asyncio
 import os
 import re
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import ROOT, Browser
+from tests.conftest import HANGAR, ROOT, Browser
 
 
 async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OLLAMA_HOST")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "demo", "--port", "0",
+        *HANGAR, "demo", "--port", "0",
         "--database", str(tmp_path / "demo.db"),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

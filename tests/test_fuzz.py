@@ -26,12 +26,18 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from server.app import RELAY, RelayConfig
-from server.cli import start_relay
-from server.relay import TURN_ENDED, Relay
-from server.sessions import MAX_EVENT_BYTES, TOO_MANY_ABORTS, TOO_MANY_SUBMITS, browser_identity
-from server.store import TurnRecord
-from shared.protocol import (
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from hangar.server.identity import (
+    MAX_EVENT_BYTES,
+    TOO_MANY_ABORTS,
+    TOO_MANY_SUBMITS,
+    browser_identity,
+)
+from hangar.server.relay import Relay
+from hangar.server.store import TurnRecord
+from hangar.server.turns import TURN_ENDED
+from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
     IDE_NAMESPACE,
@@ -175,7 +181,7 @@ class Harness:
         assert self.relay is not None and self.fuzzer is not None and self.watcher is not None
         store = self.relay.store
         assert self.fuzzer.sio.connected and self.watcher.sio.connected and self.drone.connected
-        assert "fuzz-1" in self.relay.drones
+        assert "fuzz-1" in self.relay.directory.local
         assert await store.list_sessions(browser_identity({}, {"token": FUZZ_TOKEN})) == []
         assert await store.processing_turns() == [
             TurnRecord(**{**vars(self.live_turn), "messages": []})
@@ -527,7 +533,7 @@ def exact_size(prompt_key: str, size: int) -> dict[str, str]:
 
 def owner_of(browser: Browser, relay: RelayHandle) -> str:
     namespace = relay.relay.sio.namespace_handlers[IDE_NAMESPACE]
-    owner: str = namespace.sessions[browser.sio.get_sid(IDE_NAMESPACE)].owner
+    owner: str = namespace.connections[browser.sio.get_sid(IDE_NAMESPACE)].owner
     return owner
 
 

@@ -7,7 +7,6 @@ import os
 import pty
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import DRONE_TOKEN, ROOT, Browser, RelayHandle, Upstream, eventually
-from tests.peers import OpenAIPeer, Reply
+from bench.peers import OpenAIPeer, Reply
+from tests.conftest import DRONE_TOKEN, HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
 
 
 async def metrics_of(relay: RelayHandle) -> dict[str, float]:
@@ -75,7 +74,7 @@ async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cle
 ) -> None:
     openai_peer.script(Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03))
     process = drone_process(Upstream("openai", openai_peer), server=relay.url)
-    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
     turn_id = (await browser.submit("Long job"))["turnId"]
     await browser.wait_text(turn_id, pieces=2)
 
@@ -92,7 +91,7 @@ async def test_ctrl_c_twice_exits_at_once(
     drone_process: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     process = drone_process(Upstream("openai", openai_peer), server=relay.url)
-    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
 
     process.send_signal(signal.SIGINT)
     process.send_signal(signal.SIGINT)
@@ -105,7 +104,7 @@ async def test_the_drone_draws_a_live_status_line_in_a_terminal(
 ) -> None:
     leader, follower = pty.openpty()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "drone", "--server", relay.url,
+        *HANGAR, "drone", "--server", relay.url,
         "--token", DRONE_TOKEN, "--name", "tty-drone", "--workdir", str(tmp_path),
         "--base-url", openai_peer.base_url + "/v1", "--api-key", "k",
         cwd=ROOT, stdin=follower, stdout=follower, stderr=follower,
@@ -131,7 +130,7 @@ async def test_the_drone_logs_plain_lines_when_not_in_a_terminal(
     tmp_path: Path,
 ) -> None:
     process = drone_process(Upstream("openai", openai_peer), server=relay.url, name="plain")
-    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
     process.send_signal(signal.SIGINT)
     assert await asyncio.to_thread(process.wait, 10) == 0
 
@@ -166,7 +165,7 @@ async def test_drone_start_errors_are_one_clear_line(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGAR_")}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "drone", *arguments,
+        *HANGAR, "drone", *arguments,
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     stdout, stderr = await asyncio.wait_for(process.communicate(), 30)

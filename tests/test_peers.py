@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 
 pytestmark = pytest.mark.asyncio
 

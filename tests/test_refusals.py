@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import socketio
 
-from shared.protocol import (
+from bench.peers import OpenAIPeer, Reply
+from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
     DRONE_OFFLINE,
@@ -20,8 +20,7 @@ from shared.protocol import (
     NOT_YOUR_TURN,
     UNKNOWN_TURN,
 )
-from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
-from tests.peers import OpenAIPeer, Reply
+from tests.conftest import HANGAR, Browser, RelayHandle, Upstream, drone_hello, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
 
@@ -54,12 +53,12 @@ async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_off
 ) -> None:
     openai_peer.script(SLOW)
     process = drone_process(Upstream("openai", openai_peer), server=relay.url)
-    await eventually(lambda: relay.relay.drones, timeout=15, what="the drone process")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone process")
     turn_id = (await browser.submit("Stream for a while"))["turnId"]
     await browser.wait_text(turn_id, pieces=2)
 
     process.send_signal(signal.SIGKILL)
-    await eventually(lambda: not relay.relay.drones, what="the relay to notice")
+    await eventually(lambda: not relay.relay.directory.local, what="the relay to notice")
 
     assert await browser.abort(turn_id) == (False, DRONE_OFFLINE)
     assert await browser.completion(turn_id) == (turn_id, False, "The drone disconnected.")
@@ -88,14 +87,14 @@ async def test_a_drone_with_a_bad_token_is_refused_with_a_reason(
         )
 
     assert errors == [{"message": reason}]
-    assert not relay.relay.drones
+    assert not relay.relay.directory.local
 
 
 async def test_the_drone_command_exits_with_one_clear_line_on_a_bad_token(
     relay: RelayHandle,
 ) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "drone", "--server", relay.url,
+        *HANGAR, "drone", "--server", relay.url,
         "--token", "wrong", "--provider", "openai", "--base-url", "http://127.0.0.1:9/v1",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -240,6 +239,6 @@ async def test_a_drone_cannot_report_on_a_turn_it_does_not_run(
 
 
 def browser_owner(relay: RelayHandle) -> str:
-    sessions = next(iter(relay.relay.sio.namespace_handlers["/ide"].sessions.values()))
+    sessions = next(iter(relay.relay.sio.namespace_handlers["/ide"].connections.values()))
     owner: str = sessions.owner
     return owner

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import socketio
 
-from server.postgres_store import PostgresTurnStore
-from server.store import TurnRecord
-from shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
+from bench.peers import OpenAIPeer, Reply
+from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.store import TurnRecord
+from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
 from tests.conftest import Browser, Upstream, drone_hello, eventually
-from tests.peers import OpenAIPeer, Reply
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 Start = Callable[..., Any]
@@ -335,7 +335,7 @@ class StubbornDrone:
 
 
 async def _store_orphan(store: PostgresTurnStore, turn: TurnRecord) -> None:
-    from server.store import SessionRecord
+    from hangar.server.store import SessionRecord
 
     await store.create_session(SessionRecord(turn.session_id, turn.owner, "orphan"))
     await store.create_turn(turn)

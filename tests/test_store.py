@@ -10,10 +10,16 @@ from typing import TypeVar, cast
 
 import pytest
 
-from server.postgres_store import PostgresTurnStore
-from server.sqlite_store import SqliteTurnStore
-from server.store import SessionBusyError, SessionRecord, TurnRecord, TurnStore, session_history
-from shared.protocol import TERMINAL_STATUSES, ChatMessage, ToolCall, TurnStatus
+from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.sqlite_store import SqliteTurnStore
+from hangar.server.store import (
+    SessionBusyError,
+    SessionRecord,
+    TurnRecord,
+    TurnStore,
+    session_history,
+)
+from hangar.shared.protocol import TERMINAL_STATUSES, ChatMessage, ToolCall, TurnStatus
 
 STORES = ["sqlite", "postgres"]
 T = TypeVar("T")

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 
-from drone.providers import ChatOptions, OllamaProvider, OpenAIProvider, Provider, TextChunk
-from shared.abort import AbortController, AbortError, AbortSignal
-from shared.protocol import ChatMessage
-from tests.peers import OllamaPeer, OpenAIPeer, Reply, UpstreamPeer
-from tests.peers.base import Handler
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, UpstreamPeer
+from bench.peers.base import Handler
+from hangar.drone.providers import ChatOptions, OllamaProvider, OpenAIProvider, Provider, TextChunk
+from hangar.shared.abort import AbortController, AbortError, AbortSignal
+from hangar.shared.protocol import ChatMessage
 
 T = TypeVar("T")
 

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from server.store import TurnRecord
-from shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
+from bench.peers import Reply
+from hangar.server.store import TurnRecord
+from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
 from tests.conftest import Browser, RelayHandle, Upstream
-from tests.peers import Reply
 
 SLOW = Reply(chunks=[f"word{i} " for i in range(200)], delay=0.03)
 

@@ -1,6 +1,6 @@
 // Hangar browser UI: sessions, drone picker, streamed turns and abort (Cancel button, Esc Esc).
 
-import { io } from "/vendor/socket.io.esm.min.js";
+import { io } from "/static/vendor/socket.io.esm.min.js";
 import { TurnCard } from "./turns.js";
 import { formatTime, fullTime, h, nearBottom, toast } from "./ui.js";
 

@@ -1,21 +1,24 @@
 """The provider protocol: a small surface the agent loop talks to; SDKs live behind it.
 
-``chat`` yields events until the model's reply is complete. Every implementation honours
-``options.signal``: checked before the request, raced against every read of the stream, the
-stream's socket shut down inside the abort callback itself (``UpstreamShutdown``), the HTTP stream
-closed on abort, and ``AbortError`` raised. No retry follows an abort.
+``chat`` yields events until the model's reply is complete. Call it inside an abort scope
+(``async with signal.scope()``, as the agent loop does): the scope interrupts a pending read the
+moment the signal fires, so an abort never waits for the next chunk. Every implementation honours
+``options.signal`` besides: checked before the request, the stream's socket shut down inside the
+abort callback itself (``UpstreamShutdown``, so the upstream sees the FIN at once even from a busy
+loop), the HTTP stream closed in ``finally``, and ``AbortError`` raised where a read fails because
+of the abort. No retry follows an abort.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.abort import AbortSignal
-from shared.protocol import ChatMessage
+from hangar.shared.abort import AbortSignal
+from hangar.shared.protocol import ChatMessage
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,17 @@ class ToolSpec:
     description: str
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
 
+    def function(self) -> dict[str, Any]:
+        """The tool as both services take it: ``{"type": "function", "function": {...}}``."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
 
 @dataclass(frozen=True)
 class ChatOptions:
@@ -57,7 +71,7 @@ class Provider(Protocol):
 
     def chat(
         self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
-    ) -> AsyncIterator[ChatEvent]: ...
+    ) -> AsyncGenerator[ChatEvent, None]: ...
 
     async def close(self) -> None: ...
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from typing import Any, cast
 
@@ -11,7 +11,7 @@ import httpx
 import ollama
 from ollama import ChatResponse
 
-from shared.protocol import ChatMessage
+from hangar.shared.protocol import ChatMessage
 
 from .base import (
     ChatEvent,
@@ -23,8 +23,8 @@ from .base import (
     UpstreamShutdown,
 )
 
-# The chat whose read is sending the request. Each read runs in a task of its own (``race``),
-# created with a copy of the context, so the httpx response hook below finds its chat here.
+# The chat whose read is sending the request: the httpx response hook below runs inside that
+# read, in the same task and context, and finds its chat here.
 _UPSTREAM: ContextVar[UpstreamShutdown | None] = ContextVar("ollama_upstream", default=None)
 
 
@@ -50,17 +50,15 @@ class OllamaProvider:
 
     async def chat(
         self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
-    ) -> AsyncIterator[ChatEvent]:
+    ) -> AsyncGenerator[ChatEvent, None]:
         signal = options.signal
         signal.throw_if_aborted()
         try:
-            stream = await signal.race(
-                self.client.chat(
-                    model=options.model,
-                    messages=_messages(messages),
-                    tools=[_tool(t) for t in tools] or None,
-                    stream=True,
-                )
+            stream = await self.client.chat(
+                model=options.model,
+                messages=_messages(messages),
+                tools=[t.function() for t in tools] or None,
+                stream=True,
             )
             stream = cast(AsyncGenerator[ChatResponse, None], stream)
         except (ollama.ResponseError, httpx.HTTPError) as error:
@@ -73,7 +71,7 @@ class OllamaProvider:
                 # The SDK sends the request on the first read; its response hook attaches it.
                 token = _UPSTREAM.set(upstream)
                 try:
-                    part = await signal.race(stream.__anext__())
+                    part = await stream.__anext__()
                 except StopAsyncIteration:
                     break
                 finally:
@@ -89,7 +87,7 @@ class OllamaProvider:
                         arguments=json.dumps(dict(call.function.arguments)),
                     )
         except Exception as error:
-            # The shut-down socket may fail the read before the race sees the abort: it wins.
+            # The shut-down socket may fail the read before the scope's cancellation: abort wins.
             signal.throw_if_aborted()
             if isinstance(error, (ollama.ResponseError, httpx.HTTPError)):
                 raise ProviderError(_describe(error)) from error
@@ -101,17 +99,6 @@ class OllamaProvider:
 
     async def close(self) -> None:
         await self.client._client.aclose()
-
-
-def _tool(spec: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": spec.parameters,
-        },
-    }
 
 
 def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletionChunk
 
-from shared.protocol import ChatMessage
+from hangar.shared.protocol import ChatMessage
 
 from .base import (
     ChatEvent,
@@ -45,19 +45,17 @@ class OpenAIProvider:
 
     async def chat(
         self, messages: list[ChatMessage], tools: list[ToolSpec], options: ChatOptions
-    ) -> AsyncIterator[ChatEvent]:
+    ) -> AsyncGenerator[ChatEvent, None]:
         signal = options.signal
         signal.throw_if_aborted()
-        extra: dict[str, Any] = {"tools": [_tool(t) for t in tools]} if tools else {}
+        extra: dict[str, Any] = {"tools": [t.function() for t in tools]} if tools else {}
         try:
-            # Raced: an abort before the response headers cancels the request and its retries.
-            response = await signal.race(
-                self.client.chat.completions.create(
-                    model=options.model,
-                    messages=[_message(m) for m in messages],  # type: ignore[misc]
-                    stream=True,
-                    **extra,
-                )
+            # The caller's abort scope interrupts the request and its retries before the headers.
+            response = await self.client.chat.completions.create(
+                model=options.model,
+                messages=[_message(m) for m in messages],  # type: ignore[misc]
+                stream=True,
+                **extra,
             )
             stream = cast(AsyncStream[ChatCompletionChunk], response)
         except openai.APIError as error:
@@ -67,11 +65,7 @@ class OpenAIProvider:
         upstream.attach(stream.response)
         calls: dict[int, dict[str, str]] = {}
         try:
-            while True:
-                try:
-                    chunk = await signal.race(stream.__anext__())
-                except StopAsyncIteration:
-                    break
+            async for chunk in stream:
                 for choice in chunk.choices:
                     delta = choice.delta
                     if delta.content:
@@ -87,7 +81,7 @@ class OpenAIProvider:
                         if piece.function and piece.function.arguments:
                             call["arguments"] += piece.function.arguments
         except Exception as error:
-            # The shut-down socket may fail the read before the race sees the abort: it wins.
+            # The shut-down socket may fail the read before the scope's cancellation: abort wins.
             signal.throw_if_aborted()
             if isinstance(error, openai.APIError):
                 raise ProviderError(_describe(error)) from error
@@ -104,17 +98,6 @@ class OpenAIProvider:
 
     async def close(self) -> None:
         await self.client.close()
-
-
-def _tool(spec: ToolSpec) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": spec.parameters,
-        },
-    }
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:

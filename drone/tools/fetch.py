@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from shared.abort import AbortSignal
+from hangar.shared.abort import AbortSignal
 
 from .errors import ToolError
 
@@ -26,8 +26,9 @@ async def fetch_url(url: str, signal: AbortSignal, seconds: float) -> str:
             return f"HTTP {response.status}\n{text}"
 
     try:
-        # On abort the task is cancelled: the ``async with`` blocks close the connection.
-        return await signal.race(fetch())
+        # On abort the scope cancels the read: the ``async with`` blocks close the connection.
+        async with signal.scope():
+            return await fetch()
     except aiohttp.ClientError as error:
         raise ToolError(f"Fetching {url} failed: {error}") from None
     except TimeoutError:

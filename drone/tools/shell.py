@@ -11,7 +11,7 @@ import os
 import signal as signals
 from pathlib import Path
 
-from shared.abort import AbortSignal, AbortTimeoutError, any_of, timeout
+from hangar.shared.abort import AbortSignal, AbortTimeoutError
 
 from .errors import ToolError
 
@@ -28,9 +28,9 @@ async def run_shell(workdir: Path, command: str, signal: AbortSignal, seconds: f
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,  # its own process group, so the group can be killed
     )
-    limited = any_of(signal, timeout(seconds))
     try:
-        output, _ = await limited.race(process.communicate())
+        async with signal.scope(seconds):
+            output, _ = await process.communicate()
     except AbortTimeoutError:
         await kill_group(process)
         signal.throw_if_aborted()  # the person's abort, not the command's own time limit

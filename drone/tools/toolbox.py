@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.abort import AbortSignal, linked_controller
-from shared.protocol import ChatMessage, ToolCall
+from hangar.shared.abort import AbortError, AbortSignal, linked_controller
+from hangar.shared.protocol import ChatMessage, ToolCall
 
 from ..agent import Agent, Report
 from ..providers import Provider, ToolSpec
@@ -108,7 +108,6 @@ class Toolbox:
         raise ToolError(f"There is no tool named {name!r}.")
 
     async def _spawn(self, task: str, signal: AbortSignal) -> str:
-        controller = linked_controller(signal)
         child_depth = self.depth + 1
         child = Agent(
             self.provider,
@@ -120,10 +119,12 @@ class Toolbox:
             ChatMessage(role="system", content=SUBAGENT_PROMPT),
             ChatMessage(role="user", content=task),
         ]
-        try:
-            return await child.run(messages, controller.signal)
-        finally:
-            controller.abort()  # the sub-agent's operation tree ends with it, whatever happened
+        with linked_controller(signal) as controller:
+            try:
+                return await child.run(messages, controller.signal)
+            finally:
+                # The sub-agent's operation tree ends with it, whatever happened.
+                controller.abort(AbortError("The sub-agent ended.", cause="scope"))
 
 
 def _arguments(text: str) -> dict[str, Any]:

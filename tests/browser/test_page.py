@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from playwright.async_api import Locator, Page, expect
 
-from server.store import TurnRecord
-from shared.protocol import NO_ACTIVE_WORK_ORDER
+from bench.peers import OpenAIPeer, Reply
+from hangar.server.store import TurnRecord
+from hangar.shared.protocol import NO_ACTIVE_WORK_ORDER
 from tests.browser.conftest import artifact
 from tests.conftest import RelayHandle, Upstream
-from tests.peers import OpenAIPeer, Reply
 
 pytestmark = pytest.mark.browser
 

@@ -1,4 +1,4 @@
-"""The drone's connection to the relay: socket.io client, reconnecting, never losing an ending.
+"""The drone's connection to its relays: socket.io client, reconnecting, never losing an ending.
 
 Progress text sent while the relay is unreachable is dropped (it is display only); the messages
 to persist and every ``workOrderComplete`` wait in an outbox and go out, in order, on reconnect.
@@ -10,29 +10,24 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import socketio
 from pydantic import ValidationError
 
-from shared.protocol import (
+from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
     DRONE_NAMESPACE,
     WORK_ORDER,
     WORK_ORDER_COMPLETE,
-    WORK_ORDER_PROGRESS,
     AbortOrder,
-    ChatMessage,
-    MessageAdded,
-    TextDelta,
-    ToolActivity,
-    ToolCall,
+    DroneHello,
+    DroneRecord,
     WorkOrder,
     describe,
 )
 
-from .service import AgentService
+from .report import TurnReport
 
 log = logging.getLogger("hangar.drone")
 
@@ -43,98 +38,23 @@ class DroneRefusedError(Exception):
     """The relay refused this drone (a bad token, say); retrying cannot help."""
 
 
-@dataclass
-class DroneIdentity:
-    token: str
-    drone_id: str
-    name: str
-    provider: str
-    model: str
-    concurrency: int
+class WorkOrders(Protocol):
+    """What the connection hands the relay's orders to (the agent service)."""
+
+    def accept(self, order: WorkOrder) -> dict[str, Any]: ...
+
+    def abort(self, turn_id: str) -> tuple[bool, str]: ...
+
+    def running_ids(self) -> list[str]: ...
 
 
-TEXT_BATCH = 0.025
-"""Text arriving within this many seconds of the last text sent goes out as one delta."""
-TEXT_BATCH_CHARS = 65_536
-
-
-class TurnReport:
-    """``Report`` for one turn, sending through the drone's connection.
-
-    Text is coalesced: a chunk after a quiet ``TEXT_BATCH`` goes out at once, chunks arriving
-    faster than that go out together at most ``TEXT_BATCH`` later. A person sees no difference;
-    the relay, the browsers and the drone's own connection (where an abort's ack queues behind
-    what is already sent) handle several times fewer events from a fast model. Any other event of
-    the turn, and its completion, first sends the text held back, so the order stays as produced.
-    """
-
-    def __init__(self, client: DroneClient, turn_id: str) -> None:
-        self.client = client
-        self.turn_id = turn_id
-        self._held: list[str] = []
-        self._held_chars = 0
-        self._held_depth = 0
-        self._last_sent = -TEXT_BATCH
-        self._timer: asyncio.TimerHandle | None = None
-
-    async def text(self, text: str, depth: int) -> None:
-        self.client.chunks_streamed += 1
-        if self._held and depth != self._held_depth:
-            await self.flush()
-        self._held.append(text)
-        self._held_chars += len(text)
-        self._held_depth = depth
-        loop = asyncio.get_running_loop()
-        wait = self._last_sent + TEXT_BATCH - loop.time()
-        if wait <= 0 or self._held_chars >= TEXT_BATCH_CHARS:
-            await self.flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(wait, self._flush_later)
-
-    async def message(self, message: ChatMessage) -> None:
-        await self.flush()
-        event = MessageAdded(turn_id=self.turn_id, message=message)
-        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=True)
-
-    async def tool(self, call: ToolCall, state: str, depth: int, result: str | None = None) -> None:
-        await self.flush()
-        event = ToolActivity(
-            turn_id=self.turn_id,
-            call_id=call.id,
-            name=call.name,
-            state=state,
-            arguments=call.arguments if state == "start" else None,
-            result=result,
-            depth=depth,
-        )
-        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
-
-    async def flush(self) -> None:
-        """Send the text held back, if any."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._held:
-            return
-        text = "".join(self._held)
-        self._held.clear()
-        self._held_chars = 0
-        self._last_sent = asyncio.get_running_loop().time()
-        event = TextDelta(turn_id=self.turn_id, text=text, depth=self._held_depth)
-        # Queued for the socket before this returns (no await in between), so in order.
-        await self.client.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
-
-    def _flush_later(self) -> None:
-        self._timer = None
-        self.client.spawn(self.flush())
-
-
-class DroneClient:
-    def __init__(self, urls: str | list[str], identity: DroneIdentity) -> None:
+class RelayConnection:
+    def __init__(self, urls: str | list[str], record: DroneRecord, token: str) -> None:
         self.urls = urls.split(",") if isinstance(urls, str) else urls
         self.url = self.urls[0]
         self._attempts = 0
-        self.identity = identity
+        self.record = record
+        self.token = token
         self.sio = socketio.AsyncClient(
             handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
             reconnection=True,
@@ -142,7 +62,7 @@ class DroneClient:
             reconnection_delay_max=3,
             randomization_factor=0.3,
         )
-        self.service: AgentService | None = None
+        self.orders: WorkOrders | None = None
         self.outbox: deque[tuple[str, Any]] = deque()
         self.refusal: str | None = None
         self.refused = asyncio.Event()
@@ -155,17 +75,38 @@ class DroneClient:
         self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
         self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
         self.sio.on("connect_error", self._on_connect_error, namespace=DRONE_NAMESPACE)
-        self.sio.on(WORK_ORDER, self.on_work_order, namespace=DRONE_NAMESPACE)
-        self.sio.on(ABORT_WORK_ORDER, self.on_abort_work_order, namespace=DRONE_NAMESPACE)
 
-    # ---- Outlet for the service
+    def take_orders(self, orders: WorkOrders) -> None:
+        """Hand the relay's work orders and aborts to ``orders`` from now on."""
+        self.orders = orders
+
+        async def on_work_order(data: Any = None) -> dict[str, Any]:
+            try:
+                order = WorkOrder.model_validate(data)
+            except ValidationError as error:
+                return {"ok": False, "error": describe(error)}
+            answer = orders.accept(order)
+            log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
+            return answer
+
+        async def on_abort_work_order(data: Any = None) -> tuple[bool, str]:
+            try:
+                request = AbortOrder.model_validate(data)
+            except ValidationError as error:
+                return False, describe(error)
+            return orders.abort(request.turn_id)
+
+        self.sio.on(WORK_ORDER, on_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on(ABORT_WORK_ORDER, on_abort_work_order, namespace=DRONE_NAMESPACE)
+
+    # ---- outlet for the agent service
 
     def report_for(self, turn_id: str) -> TurnReport:
         report = self.reports[turn_id] = TurnReport(self, turn_id)
         return report
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in a task the client keeps until it is done."""
+        """Run ``work`` in a task the connection keeps until it is done."""
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -195,40 +136,13 @@ class DroneClient:
         if durable:
             self.outbox.append((event, data))
 
-    # ---- relay -> drone
-
-    async def on_work_order(self, data: Any = None) -> dict[str, Any]:
-        try:
-            order = WorkOrder.model_validate(data)
-        except ValidationError as error:
-            return {"ok": False, "error": describe(error)}
-        assert self.service is not None
-        answer = self.service.accept(order)
-        log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
-        return answer
-
-    async def on_abort_work_order(self, data: Any = None) -> tuple[bool, str]:
-        try:
-            request = AbortOrder.model_validate(data)
-        except ValidationError as error:
-            return False, describe(error)
-        assert self.service is not None
-        return self.service.abort(request.turn_id)
-
     # ---- connection
 
     def hello(self) -> dict[str, Any]:
         """The ``auth`` sent at every (re)connect, with the turns still running here."""
-        running = list(self.service.running) if self.service else []
-        return {
-            "token": self.identity.token,
-            "droneId": self.identity.drone_id,
-            "name": self.identity.name,
-            "provider": self.identity.provider,
-            "model": self.identity.model,
-            "concurrency": self.identity.concurrency,
-            "running": running,
-        }
+        running = self.orders.running_ids() if self.orders is not None else []
+        hello = DroneHello(**self.record.model_dump(), token=self.token, running=running)
+        return hello.wire()
 
     def next_url(self) -> str:
         """The relay to try next: the relays given take turns, so a dead one is skipped."""
@@ -270,7 +184,7 @@ class DroneClient:
 
     async def _on_connect(self) -> None:
         self.refusal = None
-        log.info("connected to relay %s as %s", self.url, self.identity.drone_id)
+        log.info("connected to relay %s as %s", self.url, self.record.drone_id)
         while self.outbox:
             event, data = self.outbox[0]
             try:

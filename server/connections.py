@@ -1,0 +1,61 @@
+"""Socket.io namespaces whose events go to one object per connection.
+
+Each handler is named after its event (``on_abort_work_order`` handles ``abortWorkOrder``),
+validates its payload and answers a malformed one with an error ack, changing nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import socketio
+
+log = logging.getLogger("hangar.relay")
+
+C = TypeVar("C")
+Handler = Callable[..., Any]
+
+
+@functools.lru_cache(maxsize=64)  # event names come from clients: keep it bounded
+def snake(event: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", event).lower()
+
+
+class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[misc]
+    """Routes each event to the method of the connection's object named after it."""
+
+    def __init__(self, namespace: str) -> None:
+        super().__init__(namespace)
+        self.connections: dict[str, C] = {}
+
+    async def trigger_event(self, event: str, *args: Any) -> Any:
+        if event == "connect":
+            sid, environ, auth = (*args, None)[:3]
+            return await self.connect(sid, environ, auth)
+        if event == "disconnect":
+            await self.disconnect(args[0])
+            return None
+        sid, payload = args[0], args[1:]
+        connection = self.connections.get(sid)
+        handler: Handler | None = getattr(connection, "on_" + snake(event), None)
+        if handler is None:
+            return {"ok": False, "error": f"Unknown event {event!r}."}
+        try:
+            result = handler(*payload)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except Exception:
+            log.exception("event %s failed", event)
+            return {"ok": False, "error": "The relay could not handle that event."}
+
+    async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
+        raise NotImplementedError
+
+    async def disconnect(self, sid: str) -> None:
+        raise NotImplementedError

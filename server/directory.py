@@ -1,0 +1,148 @@
+"""The drone directory: which drones are online (here and on other relays), how loaded they are,
+which one takes an order, how to call one and wait for its answer, and the drone list browsers
+see."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import socketio
+
+from hangar.shared.protocol import DRONE_NAMESPACE, DRONES, IDE_NAMESPACE, DroneView
+
+from .background import Later
+from .live_state import DroneRoute, LiveState
+from .metrics import RelayMetrics
+
+log = logging.getLogger("hangar.relay")
+
+DRONE_CALL_TIMEOUT = 10.0
+DRONES_COALESCE = 0.25
+
+
+class DroneDirectory:
+    """Drones are keyed by id; the route of each says where its connection is."""
+
+    def __init__(
+        self, sio: socketio.AsyncServer, live: LiveState, metrics: RelayMetrics, later: Later
+    ) -> None:
+        self.sio = sio
+        self.live = live
+        self.metrics = metrics
+        self.later = later
+        self.local: dict[str, DroneRoute] = {}
+        """Drones connected to this relay."""
+        self._drones_pending = False
+
+    async def join(self, route: DroneRoute, running: list[str]) -> DroneRoute | None:
+        """Register a drone connected here; returns the route it replaces, if any."""
+        previous = self.local.get(route.drone_id)
+        self.local[route.drone_id] = route
+        self.metrics.drones.set(len(self.local))
+        await self.live.add_drone(route, running)
+        log.info("drone online drone=%s running=%d", route.drone_id, len(running))
+        await self.broadcast()
+        return previous if previous is not None and previous.sid != route.sid else None
+
+    async def leave(self, route: DroneRoute) -> bool:
+        """Forget a drone's connection; False if a newer connection of the drone replaced it."""
+        current = self.local.get(route.drone_id)
+        replaced = current is not None and current.sid != route.sid
+        if current is not None and not replaced:
+            del self.local[route.drone_id]
+        self.metrics.drones.set(len(self.local))
+        await self.live.remove_drone(route.drone_id, route.sid)
+        log.info("drone offline drone=%s", route.drone_id)
+        return not replaced
+
+    def here(self, drone_id: str) -> DroneRoute | None:
+        """The drone's route if it is connected to this relay."""
+        return self.local.get(drone_id)
+
+    async def route(self, drone_id: str) -> DroneRoute | None:
+        """The drone's route wherever it is connected."""
+        return self.local.get(drone_id) or await self.live.drone(drone_id)
+
+    async def runs(self, drone_id: str | None, turn_id: str) -> bool:
+        """Whether a connected drone (on any relay) runs the turn."""
+        if drone_id is None or await self.live.drone(drone_id) is None:
+            return False
+        return turn_id in await self.live.running(drone_id)
+
+    async def pick(self, drone_id: str | None) -> tuple[DroneRoute | None, str]:
+        """The drone to take an order (the one named, else the least loaded), or why none can."""
+        if drone_id is not None:
+            route = await self.live.drone(drone_id)
+            if route is None:
+                return None, f"The drone {drone_id} is offline."
+            if len(await self.live.running(drone_id)) >= route.concurrency:
+                return None, f"The drone {route.name} is busy."
+            return route, ""
+        routes = await self.live.drones()
+        if not routes:
+            return None, "No drone is online."
+        best: tuple[float, DroneRoute] | None = None
+        for route in routes:
+            load = len(await self.live.running(route.drone_id)) / route.concurrency
+            if load < 1 and (best is None or load < best[0]):
+                best = (load, route)
+        if best is None:
+            return None, "Every drone is busy."
+        return best[1], ""
+
+    async def call(self, event: str, data: Any, route: DroneRoute) -> Any:
+        """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
+        no task per call, and straight to the socket when the drone is connected here.
+
+        Raises ``socketio.exceptions.TimeoutError`` after ``DRONE_CALL_TIMEOUT``.
+        """
+        answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+
+        def on_answer(*args: Any) -> None:
+            if not answered.done():
+                answered.set_result(args)
+
+        local = self.local.get(route.drone_id)
+        await self.sio.emit(
+            event,
+            data,
+            to=route.sid,
+            namespace=DRONE_NAMESPACE,
+            callback=on_answer,
+            # Through the relays' message queue only when another relay holds the drone.
+            ignore_queue=local is not None and local.sid == route.sid,
+        )
+        try:
+            async with asyncio.timeout(DRONE_CALL_TIMEOUT):
+                args = await answered
+        except TimeoutError:
+            raise socketio.exceptions.TimeoutError() from None
+        return args[0] if len(args) == 1 else (args or None)
+
+    async def views(self) -> list[dict[str, Any]]:
+        views = []
+        for route in await self.live.drones():
+            running = len(await self.live.running(route.drone_id))
+            view = DroneView(
+                **route.model_dump(exclude={"sid"}),
+                running=running,
+                busy=running >= route.concurrency,
+            )
+            views.append(view.wire())
+        return views
+
+    async def broadcast(self) -> None:
+        """Tell every browser the drone list changed, at most once per ``DRONES_COALESCE``.
+
+        Turns start and end in bursts; one list after the burst is what a person needs.
+        """
+        if self._drones_pending:
+            return
+        self._drones_pending = True
+        self.later(DRONES_COALESCE, self._send)
+
+    async def _send(self) -> None:
+        self._drones_pending = False
+        await self.sio.emit(DRONES, await self.views(), namespace=IDE_NAMESPACE)

@@ -1,0 +1,123 @@
+"""What relays share besides the database: which drones are online where, what they run, the
+live text of running turns, and aborts in flight. One relay keeps it in memory
+(``LocalLiveState``); several share it through Redis (``RedisLiveState``).
+
+Turns themselves live in the store; this is only the fast-changing part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Protocol
+
+from hangar.shared.protocol import DroneRecord
+
+
+class DroneRoute(DroneRecord):
+    """A connected drone: what it is, and where to reach it (its socket.io sid)."""
+
+    sid: str
+
+
+class LiveState(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
+        """Register (or replace) a drone and the turns it runs."""
+
+    async def remove_drone(self, drone_id: str, sid: str) -> None:
+        """Forget a drone, unless it has reconnected meanwhile (another sid)."""
+
+    async def drones(self) -> list[DroneRoute]: ...
+
+    async def drone(self, drone_id: str) -> DroneRoute | None: ...
+
+    async def running(self, drone_id: str) -> set[str]: ...
+
+    async def add_running(self, drone_id: str, turn_id: str) -> None: ...
+
+    async def remove_running(self, drone_id: str, turn_id: str) -> None: ...
+
+    async def append_text(self, turn_id: str, text: str) -> int:
+        """Add a text delta; returns its sequence number (1 for the turn's first)."""
+
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        """The turn's text so far and how many deltas it holds."""
+
+    async def forget_text(self, turn_id: str) -> None: ...
+
+    async def abort_started(self, turn_id: str) -> None: ...
+
+    async def abort_answered(self, turn_id: str) -> None: ...
+
+    async def wait_abort_answered(self, turn_id: str, within: float) -> None:
+        """Return once no abort of the turn is waiting for the drone's answer (bounded)."""
+
+
+class LocalLiveState:
+    """One relay: everything in memory."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, DroneRoute] = {}
+        self.runs: dict[str, set[str]] = {}
+        self.texts: dict[str, list[str]] = {}
+        self.aborts: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
+        self.routes[route.drone_id] = route
+        self.runs[route.drone_id] = set(running)
+
+    async def remove_drone(self, drone_id: str, sid: str) -> None:
+        route = self.routes.get(drone_id)
+        if route is not None and route.sid == sid:
+            del self.routes[drone_id]
+
+    async def drones(self) -> list[DroneRoute]:
+        return list(self.routes.values())
+
+    async def drone(self, drone_id: str) -> DroneRoute | None:
+        return self.routes.get(drone_id)
+
+    async def running(self, drone_id: str) -> set[str]:
+        return set(self.runs.get(drone_id, ()))
+
+    async def add_running(self, drone_id: str, turn_id: str) -> None:
+        self.runs.setdefault(drone_id, set()).add(turn_id)
+
+    async def remove_running(self, drone_id: str, turn_id: str) -> None:
+        self.runs.get(drone_id, set()).discard(turn_id)
+
+    async def append_text(self, turn_id: str, text: str) -> int:
+        pieces = self.texts.setdefault(turn_id, [])
+        pieces.append(text)
+        return len(pieces)
+
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        pieces = self.texts.get(turn_id, [])
+        return "".join(pieces), len(pieces)
+
+    async def forget_text(self, turn_id: str) -> None:
+        self.texts.pop(turn_id, None)
+
+    async def abort_started(self, turn_id: str) -> None:
+        self.aborts[turn_id] = asyncio.Event()
+
+    async def abort_answered(self, turn_id: str) -> None:
+        event = self.aborts.pop(turn_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait_abort_answered(self, turn_id: str, within: float) -> None:
+        event = self.aborts.get(turn_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), within)

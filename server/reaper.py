@@ -1,0 +1,126 @@
+"""The reaper: endings the relay decides itself, so that no turn stays processing.
+
+- the abort watchdog: a drone acknowledged an abort but sent no completion within
+  ``abort_grace``; the turn ends aborted;
+- orphans: a drone left while running turns and did not come back within ``drone_grace``;
+  its turns end in error;
+- the sweep: every second, turns no live drone runs (their relay died, this relay restarted)
+  end once they have been missing for ``drone_grace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import Protocol
+
+from hangar.shared.protocol import ABORTED, TurnStatus
+
+from .background import Later
+from .directory import DroneDirectory
+from .store import TurnStore
+
+log = logging.getLogger("hangar.relay")
+
+SWEEP_INTERVAL = 1.0
+
+
+class Endings(Protocol):
+    """What the reaper needs of the turn lifecycle."""
+
+    async def end_turn(self, turn_id: str, status: TurnStatus, message: str) -> bool: ...
+
+    def keep_live(self, processing: set[str]) -> None:
+        """Forget live turns not in ``processing`` (another relay ended them)."""
+
+
+class Reaper:
+    def __init__(
+        self,
+        store: TurnStore,
+        directory: DroneDirectory,
+        later: Later,
+        *,
+        abort_grace: float,
+        drone_grace: float,
+    ) -> None:
+        self.store = store
+        self.directory = directory
+        self.later = later
+        self.abort_grace = abort_grace
+        self.drone_grace = drone_grace
+        self.endings: Endings | None = None
+        self.started_at = time.time()
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
+        self.missing_since: dict[str, float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self, endings: Endings) -> None:
+        self.endings = endings
+        self._sweeper = asyncio.ensure_future(self._sweep_forever())
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for handle in self.timers.values():
+            handle.cancel()
+
+    def watch_abort(self, turn_id: str) -> None:
+        """End the turn aborted if its drone does not complete it within ``abort_grace``."""
+        if turn_id not in self.timers:
+            self.timers[turn_id] = self.later(
+                self.abort_grace, partial(self._abort_watchdog, turn_id)
+            )
+
+    def watch_orphan(self, turn_id: str, drone_id: str) -> None:
+        """End the turn in error if its drone is not back within ``drone_grace``."""
+        ending = partial(self._orphan_timeout, turn_id, drone_id)
+        self.timers[turn_id] = self.later(self.drone_grace, ending)
+
+    def forget(self, turn_id: str) -> None:
+        """The turn ended, or its drone came back: no relay-side ending is due."""
+        if (handle := self.timers.pop(turn_id, None)) is not None:
+            handle.cancel()
+        self.missing_since.pop(turn_id, None)
+
+    async def _abort_watchdog(self, turn_id: str) -> None:
+        self.timers.pop(turn_id, None)
+        assert self.endings is not None
+        if await self.endings.end_turn(turn_id, "aborted", ABORTED):
+            log.warning("abort watchdog ended turn=%s: no completion from the drone", turn_id)
+
+    async def _orphan_timeout(self, turn_id: str, drone_id: str) -> None:
+        self.timers.pop(turn_id, None)
+        if await self.directory.runs(drone_id, turn_id):
+            return  # the drone came back (maybe to another relay) and still runs it
+        assert self.endings is not None
+        await self.endings.end_turn(turn_id, "error", "The drone disconnected.")
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweep failed")
+
+    async def sweep(self) -> None:
+        """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
+        assert self.endings is not None
+        turns = await self.store.processing_turns()
+        self.endings.keep_live({turn.turn_id for turn in turns})
+        now = time.monotonic()
+        for turn in turns:
+            if turn.turn_id in self.timers:
+                continue
+            if await self.directory.runs(turn.drone_id, turn.turn_id):
+                self.missing_since.pop(turn.turn_id, None)
+                continue
+            first = self.missing_since.setdefault(turn.turn_id, now)
+            if now - first >= self.drone_grace:
+                restarted = turn.created_at < self.started_at
+                reason = "The relay restarted." if restarted else "The drone disconnected."
+                await self.endings.end_turn(turn.turn_id, "error", reason)

@@ -1,0 +1,125 @@
+"""``LiveState`` in Redis, for several relays. Each relay refreshes its own drones' entries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .live_state import DroneRoute
+
+PRESENCE_TTL = 10.0
+"""A drone entry not refreshed by its relay for this long is gone (its relay died)."""
+HEARTBEAT = 2.0
+ABORT_TTL = 60
+
+
+class RedisLiveState:
+    def __init__(self, url: str, prefix: str = "hangar") -> None:
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(url)
+        self.prefix = prefix
+        self.local: dict[str, DroneRoute] = {}
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    async def start(self) -> None:
+        await self.redis.ping()
+        self._heartbeat = asyncio.ensure_future(self._beat())
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        for route in list(self.local.values()):
+            await self.remove_drone(route.drone_id, route.sid)
+        await self.redis.aclose()
+
+    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
+        self.local[route.drone_id] = route
+        runs = self.key("running", route.drone_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("drones"), route.drone_id, _entry(route))
+            pipe.delete(runs)
+            if running:
+                pipe.sadd(runs, *running)
+            await pipe.execute()
+
+    async def remove_drone(self, drone_id: str, sid: str) -> None:
+        if (mine := self.local.get(drone_id)) is not None and mine.sid == sid:
+            del self.local[drone_id]
+        current = await self.drone(drone_id)
+        if current is not None and current.sid == sid:
+            await self.redis.hdel(self.key("drones"), drone_id)
+
+    async def drones(self) -> list[DroneRoute]:
+        entries = await self.redis.hgetall(self.key("drones"))
+        return [route for text in entries.values() if (route := _alive(text))]
+
+    async def drone(self, drone_id: str) -> DroneRoute | None:
+        text = await self.redis.hget(self.key("drones"), drone_id)
+        return _alive(text) if text else None
+
+    async def running(self, drone_id: str) -> set[str]:
+        members = await self.redis.smembers(self.key("running", drone_id))
+        return {_text(m) for m in members}
+
+    async def add_running(self, drone_id: str, turn_id: str) -> None:
+        await self.redis.sadd(self.key("running", drone_id), turn_id)
+
+    async def remove_running(self, drone_id: str, turn_id: str) -> None:
+        await self.redis.srem(self.key("running", drone_id), turn_id)
+
+    async def append_text(self, turn_id: str, text: str) -> int:
+        seq: int = await self.redis.rpush(self.key("text", turn_id), text)
+        return seq
+
+    async def text(self, turn_id: str) -> tuple[str, int]:
+        pieces = await self.redis.lrange(self.key("text", turn_id), 0, -1)
+        return "".join(_text(p) for p in pieces), len(pieces)
+
+    async def forget_text(self, turn_id: str) -> None:
+        await self.redis.delete(self.key("text", turn_id))
+
+    async def abort_started(self, turn_id: str) -> None:
+        await self.redis.set(self.key("abort", turn_id), "pending", ex=ABORT_TTL)
+
+    async def abort_answered(self, turn_id: str) -> None:
+        await self.redis.delete(self.key("abort", turn_id))
+
+    async def wait_abort_answered(self, turn_id: str, within: float) -> None:
+        deadline = time.monotonic() + within
+        while await self.redis.exists(self.key("abort", turn_id)):
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.002)  # polling a key another relay deletes; bounded above
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            if self.local:
+                await self.redis.hset(
+                    self.key("drones"),
+                    mapping={d: _entry(r) for d, r in self.local.items()},
+                )
+
+
+def _entry(route: DroneRoute) -> str:
+    return json.dumps({**route.model_dump(), "seen": time.time()})
+
+
+def _alive(text: Any) -> DroneRoute | None:
+    fields = json.loads(text)
+    if time.time() - float(fields.pop("seen", 0)) > PRESENCE_TTL:
+        return None
+    return DroneRoute.model_construct(**fields)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

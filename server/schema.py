@@ -1,0 +1,71 @@
+"""The store's schema, written once for both databases.
+
+Each migration is SQL that SQLite and PostgreSQL both understand, with ``{real}``, ``{serial}``
+and ``{json}`` standing for the few types they spell differently. A store applies those newer
+than its recorded version, in order, and records the new version in the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Dialect = Literal["sqlite", "postgresql"]
+
+TYPES: dict[Dialect, dict[str, str]] = {
+    "sqlite": {
+        "real": "REAL",
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "json": "TEXT",
+    },
+    "postgresql": {
+        "real": "DOUBLE PRECISION",
+        "serial": "BIGSERIAL PRIMARY KEY",
+        "json": "JSONB",
+    },
+}
+
+MIGRATIONS = [
+    """
+    CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        title TEXT NOT NULL,
+        created_at {real} NOT NULL
+    );
+    CREATE INDEX sessions_owner ON sessions (owner, created_at);
+    CREATE TABLE turns (
+        turn_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        owner TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('processing', 'finished', 'aborted', 'error')),
+        result TEXT,
+        text TEXT NOT NULL DEFAULT '',
+        drone_id TEXT,
+        created_at {real} NOT NULL,
+        ended_at {real}
+    );
+    CREATE INDEX turns_session ON turns (session_id, created_at);
+    CREATE TABLE messages (
+        message_id {serial},
+        turn_id TEXT NOT NULL REFERENCES turns (turn_id),
+        body {json} NOT NULL
+    );
+    CREATE INDEX messages_turn ON messages (turn_id, message_id);
+    """,
+    # One processing turn per session.
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS one_processing_turn ON turns (session_id)
+        WHERE status = 'processing';
+    """,
+    # The two stores had drifted: one index of processing turns for both.
+    """
+    DROP INDEX IF EXISTS turns_status;
+    CREATE INDEX IF NOT EXISTS turns_processing ON turns (status) WHERE status = 'processing';
+    """,
+]
+
+
+def migrations(dialect: Dialect) -> list[str]:
+    """Every migration, rendered for ``dialect``; migration N is at index N - 1."""
+    return [script.format(**TYPES[dialect]) for script in MIGRATIONS]

@@ -1,0 +1,1 @@
+"""The page: plain ES modules and their vendored libraries, served by the relay."""
