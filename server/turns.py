@@ -34,6 +34,7 @@ from hangar.shared.protocol import (
     ToolActivity,
     TurnStatus,
     WorkOrder,
+    session_title,
 )
 
 from .directory import DRONE_CALL_TIMEOUT, DroneDirectory
@@ -90,7 +91,7 @@ class TurnLifecycle:
             if session is None or session.owner != owner:
                 return {"ok": False, "error": "Unknown session."}
         else:
-            session = SessionRecord(new_id("s"), owner, _title(request.prompt))
+            session = SessionRecord(new_id("s"), owner, session_title(request.prompt))
             await self.store.create_session(session)
         history = await session_history(self.store, session.session_id)
         turn_id = new_id("t")
@@ -296,8 +297,3 @@ def _abort_answer(answer: Any) -> tuple[bool, str]:
     ):
         return answer[0], answer[1]
     return False, "The drone gave an invalid answer to the abort."
-
-
-def _title(prompt: str) -> str:
-    line = prompt.strip().splitlines()[0] if prompt.strip() else "New session"
-    return line[:60] + ("…" if len(line) > 60 else "")

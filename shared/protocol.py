@@ -212,9 +212,21 @@ class Completion(Wire):
 
     @property
     def status(self) -> TurnStatus:
-        if not self.success:
-            return "error"
-        return "aborted" if self.message == ABORTED else "finished"
+        return completion_status(self.success, self.message)
+
+
+def session_title(prompt: str) -> str:
+    """A new session's title: the first line of its first prompt, at most 60 characters."""
+    stripped = prompt.strip()
+    line = stripped.splitlines()[0] if stripped else "New session"
+    return line[:60] + ("…" if len(line) > 60 else "")
+
+
+def completion_status(success: bool, message: str) -> TurnStatus:
+    """The status a ``workOrderComplete(turnId, success, message)`` ends a turn with."""
+    if not success:
+        return "error"
+    return "aborted" if message == ABORTED else "finished"
 
 
 def describe(error: ValidationError) -> str:
