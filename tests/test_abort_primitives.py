@@ -120,7 +120,7 @@ async def test_the_aborted_task_is_not_left_cancelling() -> None:
 async def test_a_scope_deadline_raises_a_timeout_and_removes_its_timer() -> None:
     loop = asyncio.get_running_loop()
     signal = AbortController().signal
-    with pytest.raises(AbortTimeoutError, match="Timed out after 0.01 s"):
+    with pytest.raises(AbortTimeoutError, match=r"Timed out after 0\.01 s"):
         async with signal.scope(0.01):
             await asyncio.sleep(10)
     async with signal.scope(60):
