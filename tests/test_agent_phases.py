@@ -1,4 +1,5 @@
-"""Abort in every phase of the agent loop (DESIGN.md section 3), through a real relay and drone.
+"""Abort in every phase of the agent loop (the per-phase table of ``docs/architecture.md``),
+through a real relay and drone.
 
 For each phase: the turn ends ``aborted``, exactly the right messages are stored, and a second
 work order in the same session is accepted by an upstream that rejects invalid histories.

@@ -156,3 +156,56 @@ async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_
 
     service.abort("t_1")
     assert await finished(recorder) == ("t_1", True, "aborted")
+
+
+async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """Each work order has a deadline; some run a shell command, some a sub-agent, some are
+    aborted. Once all have ended, nothing they set up is still waiting for the drone's root."""
+    loop = asyncio.get_running_loop()
+    recorder = Recorder()
+    root = AbortController()
+    provider = OpenAIProvider("gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1")
+    service = AgentService(
+        provider, recorder, root=root.signal, concurrency=50, deadline=1800, workdir=tmp_path
+    )
+    shell = Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": "true"})])
+    sub = Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "look"})])
+    try:
+        for batch in range(20):
+            for index in range(50):
+                number = batch * 50 + index
+                if number % 10 == 1:
+                    openai_peer.script(shell, Reply(chunks=["ran"]))
+                elif number % 10 == 2:
+                    openai_peer.script(sub, Reply(chunks=["sub done"]), Reply(chunks=["ok"]))
+                else:
+                    openai_peer.script(Reply(chunks=["done"]))
+                # Replies go to requests in arrival order: which order gets which does not
+                # matter, the batch as a whole runs shell commands and sub-agents.
+                assert service.accept(order(f"t_{number}", "Go")) == {"ok": True}
+                if number % 10 == 3:
+                    service.abort(f"t_{number}")
+            assert len(hangar_timers(loop)) >= 45  # the running orders' deadlines, at least
+            await service.drain()
+        assert len(recorder.completions) == 1000
+        assert all(success for _, success, _ in recorder.completions)
+        assert ("run_shell", "end") in recorder.tools and ("spawn_subagent", "end") in recorder.tools
+    finally:
+        await provider.close()
+
+    assert service.running == {}
+    assert root.signal.subscribers == 0
+    assert hangar_timers(loop) == []
+
+
+def hangar_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
+    """Timers Hangar's own code has scheduled and not cancelled (the standard loop's list)."""
+    scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    return [
+        handle
+        for handle in scheduled
+        if not handle.cancelled()
+        and getattr(handle._callback, "__module__", "").startswith("hangar.")  # type: ignore[attr-defined]
+    ]

@@ -1,0 +1,142 @@
+"""How Hangar installs and where its parts meet (``docs/architecture.md``, "Parts"): one
+``hangar.*`` namespace that carries the page, and a relay and a drone that meet only on the
+wire."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import aiohttp
+
+from tests.conftest import HANGAR, ROOT, eventually
+
+SDKS = ("openai", "ollama", "httpx")
+
+
+def imports_of(folder: str) -> dict[str, set[str]]:
+    """Every module each Python file under ``folder`` imports (absolute names)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def offending(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{path}: {name}"
+        for path, names in imports_of(folder).items()
+        for name in names
+        if name.startswith(forbidden) or name.split(".")[0] in forbidden
+    )
+
+
+def test_the_relay_imports_neither_the_drone_nor_a_model_sdk() -> None:
+    assert offending("server", ("hangar.drone", *SDKS)) == []
+
+
+def test_the_drone_does_not_import_the_relay() -> None:
+    assert offending("drone", ("hangar.server",)) == []
+
+
+def test_the_shared_part_imports_neither_side() -> None:
+    assert offending("shared", ("hangar.server", "hangar.drone", *SDKS)) == []
+
+
+def test_no_code_imports_the_old_top_level_names() -> None:
+    old = ("server", "drone", "shared")
+    for folder in ("server", "drone", "shared", "tests", "bench"):
+        assert offending(folder, old) == [], folder
+
+
+async def test_a_running_relay_has_loaded_no_drone_and_no_model_sdk(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-X", "importtime", *HANGAR[1:], "serve", "--port", "0",
+             "--database", str(tmp_path / "relay.db"), "--drone-token", "t" * 24],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = await eventually(
+            lambda: re.search(r"listening on (http://\S+)/", log.read_text()),
+            timeout=20,
+            what="the relay to listen",
+        )
+        async with aiohttp.ClientSession() as http, http.get(url.group(1) + "/healthz") as ok:
+            assert ok.status == 200
+    finally:
+        process.terminate()
+        process.wait(10)
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", log.read_text(), re.M))
+    assert "hangar.server.app" in imported
+    assert sorted(n for n in imported if n.split(".")[0] in SDKS or "hangar.drone" in n) == []
+
+
+def _build_wheel(directory: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(directory), "."],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = directory.glob("hangar-*.whl")
+    return wheel
+
+
+async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
+    tmp_path: Path,
+) -> None:
+    wheel = await asyncio.to_thread(_build_wheel, tmp_path / "dist")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"hangar", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "hangar/__init__.py" not in names  # a namespace others' hangar.* could join
+    for page_file in ("index.html", "app.js", "vendor/socket.io.esm.min.js"):
+        assert f"hangar/web/{page_file}" in names
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    log = tmp_path / "wheel-relay.log"
+    env = {**os.environ, "PYTHONPATH": str(site), "HANGAR_WEB_DIR": ""}
+    with log.open("wb") as out:
+        # Run from an empty folder: nothing of the checkout is on the path, only the wheel.
+        process = subprocess.Popen(
+            [*HANGAR, "serve", "--port", "0", "--database", str(tmp_path / "w.db"),
+             "--drone-token", "t" * 24],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = await eventually(
+            lambda: re.search(r"listening on (http://\S+)/", log.read_text()),
+            timeout=20,
+            what="the relay from the wheel to listen",
+        )
+        base = url.group(1)
+        async with aiohttp.ClientSession() as http:
+            for path in ("/", "/static/app.js", "/static/vendor/socket.io.esm.min.js"):
+                async with http.get(base + path) as response:
+                    assert response.status == 200, path
+            async with http.get(base + "/") as page:
+                assert "<title>Hangar</title>" in await page.text()
+    finally:
+        process.terminate()
+        process.wait(10)
+    where = subprocess.run(
+        [sys.executable, "-c", "import hangar.web, hangar.server; "
+         "print(hangar.web.__file__); print(hangar.server.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert all(path.startswith(str(site)) for path in where), where

@@ -1,0 +1,153 @@
+"""Both stores migrate to the same schema (one definition in ``hangar.server.schema``), and a
+database made by an earlier version upgrades to it."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.schema import migrations
+from hangar.server.sqlite_store import SqliteTurnStore
+
+
+@dataclass(frozen=True)
+class Index:
+    table: str
+    columns: tuple[str, ...]
+    unique: bool
+    where: str | None
+
+
+@dataclass(frozen=True)
+class Schema:
+    columns: dict[str, list[tuple[str, bool]]]
+    """Each table's columns in order, with whether they may be NULL."""
+    indexes: dict[str, Index]
+    """Named indexes (not the ones primary keys make)."""
+
+
+def _predicate(sql: str | None) -> str | None:
+    """An index's WHERE clause, spelled the same for both databases."""
+    if not sql or " WHERE " not in sql.upper():
+        return None
+    clause = re.split(r"\bWHERE\b", sql, flags=re.IGNORECASE)[1]
+    clause = clause.replace("::text", "").replace("(", "").replace(")", "")
+    return " ".join(clause.split()).lower()
+
+
+def sqlite_schema(path: Path) -> Schema:
+    db = sqlite3.connect(path)
+    try:
+        tables = [
+            row[0]
+            for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+                " AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            )
+        ]
+        columns = {
+            table: [(row[1], not row[3] and not row[5]) for row in db.execute(
+                f"PRAGMA table_info({table})"
+            )]
+            for table in tables
+        }  # fmt: skip
+        indexes = {}
+        for name, table, sql in db.execute(
+            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+        ):
+            cols = tuple(row[2] for row in db.execute(f"PRAGMA index_info({name})"))
+            unique = bool(re.match(r"\s*CREATE\s+UNIQUE", sql, re.IGNORECASE))
+            indexes[name] = Index(table, cols, unique, _predicate(sql))
+        return Schema(columns, indexes)
+    finally:
+        db.close()
+
+
+async def postgres_schema(url: str) -> Schema:
+    db = await asyncpg.connect(url)
+    try:
+        columns: dict[str, list[tuple[str, bool]]] = {}
+        for row in await db.fetch(
+            "SELECT table_name, column_name, is_nullable FROM information_schema.columns"
+            " WHERE table_schema = 'public' AND table_name <> 'hangar_schema'"
+            " ORDER BY table_name, ordinal_position"
+        ):
+            columns.setdefault(row["table_name"], []).append(
+                (row["column_name"], row["is_nullable"] == "YES")
+            )
+        indexes = {}
+        for row in await db.fetch(
+            "SELECT i.relname AS name, t.relname AS table, ix.indisunique AS unique,"
+            " ix.indisprimary AS primary, pg_get_indexdef(ix.indexrelid) AS sql,"
+            " array(SELECT a.attname FROM unnest(ix.indkey) WITH ORDINALITY AS k(n, o)"
+            "       JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.n"
+            "       ORDER BY k.o) AS cols"
+            " FROM pg_index ix JOIN pg_class i ON i.oid = ix.indexrelid"
+            " JOIN pg_class t ON t.oid = ix.indrelid JOIN pg_namespace s ON s.oid = t.relnamespace"
+            " WHERE s.nspname = 'public' AND t.relname <> 'hangar_schema'"
+        ):
+            if not row["primary"]:
+                indexes[row["name"]] = Index(
+                    row["table"], tuple(row["cols"]), row["unique"], _predicate(row["sql"])
+                )
+        return Schema(columns, indexes)
+    finally:
+        await db.close()
+
+
+async def test_both_stores_migrate_to_the_same_schema(tmp_path: Path, postgres_url: str) -> None:
+    sqlite = SqliteTurnStore(tmp_path / "store.db")
+    postgres = PostgresTurnStore(postgres_url)
+    await sqlite.open()
+    await postgres.open()
+    await sqlite.close()
+    await postgres.close()
+
+    lite, pg = sqlite_schema(tmp_path / "store.db"), await postgres_schema(postgres_url)
+
+    assert lite.columns == pg.columns
+    assert lite.indexes == pg.indexes
+    assert "turns_processing" in lite.indexes and "one_processing_turn" in lite.indexes
+
+
+async def test_a_sqlite_file_of_the_first_release_upgrades(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    # As the first release left it: its two migrations, and the index it had then.
+    db.executescript(migrations("sqlite")[0] + migrations("sqlite")[1])
+    db.executescript("CREATE INDEX turns_status ON turns (status); PRAGMA user_version = 2;")
+    db.close()
+
+    store = SqliteTurnStore(path)
+    await store.open()
+    await store.close()
+
+    indexes = sqlite_schema(path).indexes
+    assert "turns_status" not in indexes
+    assert indexes["turns_processing"].where == "status = 'processing'"
+
+
+async def test_a_postgres_database_of_the_first_release_upgrades(postgres_url: str) -> None:
+    db = await asyncpg.connect(postgres_url)
+    # As the first release left it: one migration that already held both processing indexes.
+    await db.execute(
+        migrations("postgresql")[0]
+        + "CREATE INDEX turns_processing ON turns (status) WHERE status = 'processing';"
+        + migrations("postgresql")[1]
+        + "CREATE TABLE hangar_schema (version INTEGER NOT NULL);"
+        + "INSERT INTO hangar_schema (version) VALUES (1);"
+    )
+    await db.close()
+
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    await store.close()
+
+    schema = await postgres_schema(postgres_url)
+    assert schema.indexes["turns_processing"].where == "status = 'processing'"
+    assert schema.indexes["one_processing_turn"].unique
