@@ -191,7 +191,8 @@ async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind
             await service.drain()
         assert len(recorder.completions) == 1000
         assert all(success for _, success, _ in recorder.completions)
-        assert ("run_shell", "end") in recorder.tools and ("spawn_subagent", "end") in recorder.tools
+        assert ("run_shell", "end") in recorder.tools
+        assert ("spawn_subagent", "end") in recorder.tools
     finally:
         await provider.close()
 

@@ -63,12 +63,12 @@ def test_no_code_imports_the_old_top_level_names() -> None:
 
 async def test_a_running_relay_has_loaded_no_drone_and_no_model_sdk(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-X", "importtime", *HANGAR[1:], "serve", "--port", "0",
-             "--database", str(tmp_path / "relay.db"), "--drone-token", "t" * 24],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process = await start_logged(
+        log,
+        [sys.executable, "-X", "importtime", *HANGAR[1:], "serve", "--port", "0",
+         "--database", str(tmp_path / "relay.db"), "--drone-token", "t" * 24],
+        cwd=ROOT,
+    )  # fmt: skip
     try:
         url = await eventually(
             lambda: re.search(r"listening on (http://\S+)/", log.read_text()),
@@ -78,8 +78,7 @@ async def test_a_running_relay_has_loaded_no_drone_and_no_model_sdk(tmp_path: Pa
         async with aiohttp.ClientSession() as http, http.get(url.group(1) + "/healthz") as ok:
             assert ok.status == 200
     finally:
-        process.terminate()
-        process.wait(10)
+        await stop(process)
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", log.read_text(), re.M))
     assert "hangar.server.app" in imported
     assert sorted(n for n in imported if n.split(".")[0] in SDKS or "hangar.drone" in n) == []
@@ -111,13 +110,13 @@ async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
     zipfile.ZipFile(wheel).extractall(site)
     log = tmp_path / "wheel-relay.log"
     env = {**os.environ, "PYTHONPATH": str(site), "HANGAR_WEB_DIR": ""}
-    with log.open("wb") as out:
-        # Run from an empty folder: nothing of the checkout is on the path, only the wheel.
-        process = subprocess.Popen(
-            [*HANGAR, "serve", "--port", "0", "--database", str(tmp_path / "w.db"),
-             "--drone-token", "t" * 24],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    # Run from an empty folder: nothing of the checkout is on the path, only the wheel.
+    process = await start_logged(
+        log,
+        [*HANGAR, "serve", "--port", "0", "--database", str(tmp_path / "w.db"),
+         "--drone-token", "t" * 24],
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
     try:
         url = await eventually(
             lambda: re.search(r"listening on (http://\S+)/", log.read_text()),
@@ -132,11 +131,27 @@ async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
             async with http.get(base + "/") as page:
                 assert "<title>Hangar</title>" in await page.text()
     finally:
+        await stop(process)
+    found = await asyncio.create_subprocess_exec(
+        sys.executable, "-c",
+        "import hangar.web, hangar.server; print(hangar.web.__file__, hangar.server.__file__)",
+        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    where = (await asyncio.wait_for(found.communicate(), 30))[0].decode().split()
+    assert len(where) == 2 and all(path.startswith(str(site)) for path in where), where
+
+
+async def start_logged(
+    log: Path, argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` with its output going to ``log``."""
+    with log.open("wb") as out:
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
         process.terminate()
-        process.wait(10)
-    where = subprocess.run(
-        [sys.executable, "-c", "import hangar.web, hangar.server; "
-         "print(hangar.web.__file__); print(hangar.server.__file__)"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
-    assert all(path.startswith(str(site)) for path in where), where
+    await asyncio.wait_for(process.wait(), 10)
