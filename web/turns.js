@@ -1,10 +1,7 @@
-// One turn of a session rendered as a card: prompt, streamed output (text and tool activity,
-// sub-agent output indented by depth) and a status line.
+// One turn as a card: prompt, streamed output (text, tool calls, sub-agents indented) and status.
 
+import { TOOL_CANCELLED, TURN_STATUSES } from "./protocol.js";
 import { argsPreview, formatTime, fullTime, h, preview } from "./ui.js";
-
-export const STATUSES = ["processing", "finished", "aborted", "error"];
-const TOOL_CANCELLED = "Tool execution was cancelled by user.";
 
 const TOOL_BADGES = {
   start: "running",
@@ -52,7 +49,7 @@ export class TurnCard {
   static fromView(view, ctx) {
     const card = new TurnCard({ ...view, status: "processing" }, ctx);
     card.renderHistory(view);
-    card.setStatus(STATUSES.includes(view.status) ? view.status : "processing", view.result);
+    card.setStatus(TURN_STATUSES.includes(view.status) ? view.status : "processing", view.result);
     return card;
   }
 
@@ -159,10 +156,10 @@ export class TurnCard {
   }
 
   setStatus(status, result) {
-    if (!STATUSES.includes(status)) status = "error";
+    if (!TURN_STATUSES.includes(status)) status = "error";
     this.status = status;
     if (result !== undefined && result !== null) this.result = result;
-    for (const s of STATUSES) this.el.classList.toggle(s, s === status);
+    for (const s of TURN_STATUSES) this.el.classList.toggle(s, s === status);
     this.el.dataset.status = status;
     this.el.setAttribute("aria-busy", status === "processing" ? "true" : "false");
 

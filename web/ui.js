@@ -1,5 +1,7 @@
 // Small DOM helpers shared by the UI modules. Text always goes in as text nodes, never as HTML.
 
+export const byId = (id) => document.getElementById(id);
+
 /**
  * Create an element. `attrs` keys: `class`, `dataset` (object), `style` (object of CSS
  * properties, custom properties allowed), `on<event>` (listener), `hidden`/`disabled`

@@ -1,0 +1,181 @@
+"""The page's protocol module (web/protocol.js), run in Node, against shared/protocol.py: the same
+constants, and the same session titles and completion statuses for tricky inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from typing import Any, get_args
+
+import pytest
+
+from hangar.shared import protocol
+from hangar.shared.protocol import (
+    TextDelta,
+    ToolActivity,
+    TurnStatus,
+    completion_status,
+    session_title,
+)
+from tests.conftest import ROOT, ci
+
+PROTOCOL_JS = ROOT / "web" / "protocol.js"
+NODE_TIMEOUT = 30
+
+# Constants the page exports under the same name as shared/protocol.py.
+SAME_NAME = [
+    "IDE_NAMESPACE",
+    "SUBMIT_WORK_ORDER",
+    "ABORT_WORK_ORDER",
+    "LIST_SESSIONS",
+    "OPEN_SESSION",
+    "LIST_DRONES",
+    "HELLO",
+    "TURN_STARTED",
+    "WORK_ORDER_PROGRESS",
+    "WORK_ORDER_COMPLETE",
+    "DRONES",
+    "SESSIONS",
+    "ABORTED",
+    "TOOL_CANCELLED",
+    "MAX_PROMPT_CHARS",
+]
+
+# What Python's str.strip() removes and str.splitlines() splits on (whitespace too), plus
+# JavaScript's own whitespace (U+FEFF: trimmed by String.prototype.trim, no whitespace to Python).
+PY_SPACES = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+PY_LINE_BREAKS = [c for c in PY_SPACES if len(f"a{c}b".splitlines()) > 1]
+JS_ONLY_SPACES = ["\ufeff"]
+
+FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # five code points, one glyph
+TITLE_CASES = [
+    "",
+    " ",
+    "   \t\n  ",
+    "\n\n",
+    "\r\n\r\n",
+    "Hello",
+    "  Hello, drone  ",
+    "Hello\nworld",
+    "\n\n  \nHello\nworld",
+    "Line one\r\nLine two",
+    "Line one\rLine two",
+    "Line one  \r\n  Line two",
+    "a" * 59,
+    "a" * 60,
+    "a" * 61,
+    "a" * 200,
+    "a" * 60 + "\nmore",
+    "a" * 61 + "\r\nmore",
+    "   " + "a" * 60 + "   ",
+    "😀" * 59,
+    "😀" * 60,
+    "😀" * 61,
+    "a" * 59 + "😀",
+    "a" * 59 + "😀b",
+    "a" * 60 + "😀",
+    "a" * 58 + "😀😀😀",
+    "😀" * 59 + "ab",
+    "𝒳𝒴𝒵" * 20,
+    "𝒳𝒴𝒵" * 21,
+    "a" * 57 + FAMILY,
+    "e\u0301" * 31,
+    "\ud800 a lone surrogate",
+    "a" * 59 + "\udc00b",
+    "Hello\x1fworld",
+    "Tab\there",
+    *(f"{c}x{c}y{c}" for c in PY_SPACES + JS_ONLY_SPACES),
+    *(c * 3 for c in PY_SPACES + JS_ONLY_SPACES),
+    *(f"first{c}second" for c in PY_LINE_BREAKS),
+    *(f"{c}{c}first{c}second{c}" for c in PY_LINE_BREAKS),
+]
+
+COMPLETION_CASES: list[tuple[bool, str]] = [
+    (True, protocol.ABORTED),
+    (True, "Aborted"),
+    (True, "aborted "),
+    (True, ""),
+    (True, "Finished"),
+    (True, protocol.ABORT_SIGNALED),
+    (False, protocol.ABORTED),
+    (False, ""),
+    (False, "The drone disconnected."),
+]
+
+SCRIPT = """
+import * as protocol from %s;
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const cases = JSON.parse(input);
+const constants = {};
+const functions = [];
+for (const [name, value] of Object.entries(protocol)) {
+  if (typeof value === "function") functions.push(name);
+  else constants[name] = value;
+}
+process.stdout.write(JSON.stringify({
+  constants,
+  functions,
+  titles: cases.titles.map((prompt) => protocol.sessionTitle(prompt)),
+  statuses: cases.completions.map(([ok, message]) => protocol.completionStatus(ok, message)),
+}));
+"""
+
+
+def node() -> str:
+    path = shutil.which("node")
+    if path is not None:
+        return path
+    message = "NODE NOT FOUND: web/protocol.js is not checked against shared/protocol.py"
+    if ci():
+        pytest.fail(f"{message}; a missing node is a failure when CI is set", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def page_protocol() -> dict[str, Any]:
+    """What web/protocol.js exports, and what its rules answer for the cases above."""
+    script = SCRIPT % json.dumps(PROTOCOL_JS.as_uri())
+    cases = {"titles": TITLE_CASES, "completions": COMPLETION_CASES}
+    done = subprocess.run(
+        [node(), "--input-type=module", "-e", script],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=NODE_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, f"node failed ({done.returncode}): {done.stderr}"
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_the_page_uses_the_protocol_constants(page_protocol: dict[str, Any]) -> None:
+    expected: dict[str, Any] = {name: getattr(protocol, name) for name in SAME_NAME}
+    expected["TURN_STATUSES"] = list(get_args(TurnStatus))
+    expected["TEXT_DELTA"] = TextDelta.model_fields["kind"].default
+    expected["TOOL_ACTIVITY"] = ToolActivity.model_fields["kind"].default
+    # Equal as a whole: a constant the page adds must have its Python counterpart here too.
+    assert page_protocol["constants"] == expected
+
+
+def test_the_page_has_the_two_protocol_rules(page_protocol: dict[str, Any]) -> None:
+    assert sorted(page_protocol["functions"]) == ["completionStatus", "sessionTitle"]
+
+
+def test_session_title_matches_the_relay(page_protocol: dict[str, Any]) -> None:
+    assert len(page_protocol["titles"]) == len(TITLE_CASES)
+    mismatches = [
+        (prompt, title, session_title(prompt))
+        for prompt, title in zip(TITLE_CASES, page_protocol["titles"], strict=True)
+        if title != session_title(prompt)
+    ]
+    assert not mismatches, "(prompt, page's title, relay's title): " + ascii(mismatches)
+
+
+def test_completion_status_matches_the_relay(page_protocol: dict[str, Any]) -> None:
+    expected = [completion_status(success, message) for success, message in COMPLETION_CASES]
+    assert page_protocol["statuses"] == expected

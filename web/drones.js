@@ -1,0 +1,90 @@
+// The drone picker (#drone) and its summary line, from the relay's list of drones.
+
+import { LIST_DRONES } from "./protocol.js";
+import { request } from "./socket.js";
+import { byId, h } from "./ui.js";
+
+function isDemo(drone) {
+  return String(drone.model ?? "").toLowerCase().includes("demo");
+}
+
+function modelLabel(drone) {
+  return isDemo(drone) ? "demo" : String(drone.model ?? "");
+}
+
+/** `state.drones` shown in the picker; `onChange` runs after each new list. */
+export function createDronePicker(state, { onChange }) {
+  const select = byId("drone");
+  const summary = byId("drone-summary");
+
+  /** "name (model)" of a known drone, "" for an unknown one. */
+  function label(droneId) {
+    const drone = state.drones.find((d) => d.droneId === droneId);
+    if (!drone) return "";
+    return `${drone.name} (${modelLabel(drone)})`;
+  }
+
+  function set(drones) {
+    state.drones = drones
+      .filter((d) => d && d.droneId)
+      .slice()
+      .sort((a, b) => String(a.name).localeCompare(String(b.name)) || String(a.droneId).localeCompare(String(b.droneId)));
+    render();
+    onChange();
+  }
+
+  function render() {
+    const previous = select.value;
+    const options = [h("option", { value: "" }, "Any drone")];
+    for (const d of state.drones) {
+      const busy = Boolean(d.busy);
+      const running = Number.isInteger(d.running) ? d.running : 0;
+      const load = d.concurrency > 1 ? ` ${running}/${d.concurrency}` : "";
+      options.push(
+        h(
+          "option",
+          {
+            value: d.droneId,
+            dataset: { droneId: d.droneId, busy: busy ? "true" : "false", demo: isDemo(d) ? "true" : "false" },
+            title: `${d.name} · ${d.provider ?? ""} ${d.model ?? ""}`.trim(),
+          },
+          `${d.name} · ${modelLabel(d)} · ${busy ? "busy" : "idle"}${load}`,
+        ),
+      );
+    }
+    const sameList =
+      select.options.length === options.length &&
+      options.every((opt, i) => select.options[i].value === opt.value);
+    if (sameList) {
+      // Update in place so an open dropdown is not closed by a busy/idle change.
+      options.forEach((opt, i) => {
+        const cur = select.options[i];
+        if (cur.textContent !== opt.textContent) cur.textContent = opt.textContent;
+        Object.assign(cur.dataset, opt.dataset);
+        if (opt.title) cur.title = opt.title;
+      });
+    } else {
+      select.replaceChildren(...options);
+      select.value = state.drones.some((d) => d.droneId === previous) ? previous : "";
+    }
+
+    const total = state.drones.length;
+    const busy = state.drones.filter((d) => d.busy).length;
+    summary.textContent = total === 0 ? "No drones online." : `${total} online · ${busy} busy · ${total - busy} idle`;
+    summary.dataset.count = String(total);
+  }
+
+  async function load() {
+    try {
+      const [res] = await request(LIST_DRONES, {});
+      if (res?.ok && Array.isArray(res.drones)) set(res.drones);
+    } catch {
+      /* the next `drones` event or reconnect will fill it in */
+    }
+  }
+
+  /** The picked drone's id, "" for any drone. */
+  const picked = () => select.value;
+
+  return { label, set, render, load, picked };
+}

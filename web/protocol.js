@@ -1,0 +1,59 @@
+// The wire protocol as the page uses it, mirroring shared/protocol.py (tests/test_page_protocol.py checks).
+
+export const IDE_NAMESPACE = "/ide";
+
+// browser -> relay (all acknowledged)
+export const SUBMIT_WORK_ORDER = "submitWorkOrder";
+export const ABORT_WORK_ORDER = "abortWorkOrder";
+export const LIST_SESSIONS = "listSessions";
+export const OPEN_SESSION = "openSession";
+export const LIST_DRONES = "listDrones";
+// relay -> browser
+export const HELLO = "hello";
+export const TURN_STARTED = "turnStarted";
+export const WORK_ORDER_PROGRESS = "workOrderProgress";
+export const WORK_ORDER_COMPLETE = "workOrderComplete";
+export const DRONES = "drones";
+export const SESSIONS = "sessions";
+
+// The `kind` of a workOrderProgress event the page shows ("message" is stored history only).
+export const TEXT_DELTA = "text";
+export const TOOL_ACTIVITY = "tool";
+
+/** The message of `workOrderComplete(turnId, true, "aborted")`. */
+export const ABORTED = "aborted";
+/** The result the drone stores for a tool call an abort cut short. */
+export const TOOL_CANCELLED = "Tool execution was cancelled by user.";
+
+export const MAX_PROMPT_CHARS = 100_000;
+
+export const TURN_STATUSES = Object.freeze(["processing", "finished", "aborted", "error"]);
+
+const TITLE_CHARS = 60;
+// Python's str.isspace() (what str.strip() removes), which is not JavaScript's \s.
+const SPACE = /[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/;
+// Where Python's str.splitlines() ends a line ("\r\n" starts with "\r").
+const LINE_BREAK = /[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]/;
+
+function strip(text) {
+  let start = 0;
+  let end = text.length;
+  while (start < end && SPACE.test(text[start])) start += 1;
+  while (end > start && SPACE.test(text[end - 1])) end -= 1;
+  return text.slice(start, end);
+}
+
+/** A new session's title: the first line of its first prompt, at most 60 characters (code points). */
+export function sessionTitle(prompt) {
+  const stripped = strip(String(prompt));
+  if (!stripped) return "New session";
+  const lineEnd = stripped.search(LINE_BREAK);
+  const chars = Array.from(lineEnd < 0 ? stripped : stripped.slice(0, lineEnd));
+  return chars.length > TITLE_CHARS ? `${chars.slice(0, TITLE_CHARS).join("")}…` : chars.join("");
+}
+
+/** The status a `workOrderComplete(turnId, success, message)` ends a turn with. */
+export function completionStatus(success, message) {
+  if (!success) return "error";
+  return message === ABORTED ? "aborted" : "finished";
+}

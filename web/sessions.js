@@ -1,0 +1,180 @@
+// The session list, the heading, #s=<id> routing, and opening a session from the relay's snapshot.
+
+import { LIST_SESSIONS, OPEN_SESSION, sessionTitle } from "./protocol.js";
+import { request, socket } from "./socket.js";
+import { byId, formatTime, fullTime, h, toast } from "./ui.js";
+
+/** The session named in the address (`#s=<id>`), or null. */
+export function readHashSession() {
+  const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+  const id = params.get("s");
+  return id ? id : null;
+}
+
+function writeHashSession(sessionId) {
+  const url = sessionId
+    ? `${location.pathname}${location.search}#s=${encodeURIComponent(sessionId)}`
+    : `${location.pathname}${location.search}`;
+  history.replaceState(null, "", url);
+}
+
+/** `state.sessions` in the sidebar; `state.currentSessionId` is the open one (null: a new session). */
+export function createSessionList(state, { conversation, focusPrompt }) {
+  const list = byId("sessions");
+  const emptyHint = byId("sessions-empty");
+  const heading = byId("session-title");
+  let openSeq = 0;
+
+  function set(sessions) {
+    state.sessions = sessions.filter((s) => s && s.sessionId);
+    render();
+    renderHeader();
+  }
+
+  function upsert(view) {
+    if (!view || !view.sessionId) return;
+    const i = state.sessions.findIndex((s) => s.sessionId === view.sessionId);
+    if (i >= 0) state.sessions[i] = { ...state.sessions[i], ...view };
+    else state.sessions.push(view);
+    render();
+    renderHeader();
+  }
+
+  function markProcessing(sessionId, turnId) {
+    const s = state.sessions.find((x) => x.sessionId === sessionId);
+    if (s && s.processingTurnId !== turnId) {
+      s.processingTurnId = turnId;
+      render();
+    }
+  }
+
+  function markIdle(turnId) {
+    let changed = false;
+    for (const s of state.sessions) {
+      if (s.processingTurnId === turnId) {
+        delete s.processingTurnId;
+        changed = true;
+      }
+    }
+    if (changed) render();
+  }
+
+  function render() {
+    const sorted = state.sessions.slice().sort((a, b) => (b.createdAt ?? 0) - (a.createdAt ?? 0));
+    const items = sorted.map((s) => {
+      const current = s.sessionId === state.currentSessionId;
+      const working = Boolean(s.processingTurnId);
+      const button = h(
+        "button",
+        {
+          type: "button",
+          class: current ? "session current" : "session",
+          dataset: { sessionId: s.sessionId, processing: working ? "true" : "false" },
+          "aria-current": current ? "true" : null,
+          title: fullTime(s.createdAt),
+          onclick: () => select(s.sessionId),
+        },
+        h("span", { class: "session-title" }, s.title || "Untitled session"),
+        h(
+          "span",
+          { class: "session-meta" },
+          working ? h("span", { class: "session-working", title: "Working" }, "working") : null,
+          h("span", { class: "session-time" }, formatTime(s.createdAt)),
+        ),
+      );
+      return h("li", {}, button);
+    });
+    list.replaceChildren(...items);
+    emptyHint.hidden = items.length > 0;
+  }
+
+  function renderHeader() {
+    const current = state.sessions.find((s) => s.sessionId === state.currentSessionId);
+    const title = state.currentSessionId ? current?.title || "Session" : "New session";
+    heading.textContent = title;
+    document.title = `${title} · Hangar`;
+  }
+
+  function select(sessionId) {
+    if (sessionId === state.currentSessionId && state.loadingSessionId !== sessionId) {
+      focusPrompt();
+      return;
+    }
+    state.currentSessionId = sessionId;
+    writeHashSession(sessionId);
+    // Show what we already know at once; the relay's snapshot replaces it.
+    conversation.showSession(sessionId);
+    render();
+    renderHeader();
+    if (socket.connected) open(sessionId);
+  }
+
+  function startNew() {
+    openSeq += 1; // drop any pending openSession answer
+    state.loadingSessionId = null;
+    state.currentSessionId = null;
+    writeHashSession(null);
+    conversation.showSession(null);
+    render();
+    renderHeader();
+    focusPrompt();
+  }
+
+  /** Make the session a submit just created the open one, titled as the relay titles it. */
+  function adopt(sessionId, prompt) {
+    state.currentSessionId = sessionId;
+    writeHashSession(sessionId);
+    if (!state.sessions.some((s) => s.sessionId === sessionId)) {
+      state.sessions.push({ sessionId, title: sessionTitle(prompt), createdAt: Date.now() / 1000 });
+    }
+    conversation.showSession(sessionId);
+    render();
+    renderHeader();
+  }
+
+  async function open(sessionId) {
+    const seq = ++openSeq;
+    state.loadingSessionId = sessionId;
+    conversation.renderLoading();
+    let res;
+    try {
+      [res] = await request(OPEN_SESSION, { sessionId });
+    } catch (err) {
+      if (seq === openSeq) {
+        state.loadingSessionId = null;
+        conversation.renderLoading();
+        if (socket.connected) toast(err.message, { error: true });
+      }
+      return;
+    }
+    if (seq !== openSeq || state.currentSessionId !== sessionId) return;
+    state.loadingSessionId = null;
+    conversation.renderLoading();
+    if (!res?.ok) {
+      toast(res?.error || "Could not open the session.", { error: true });
+      startNew();
+      return;
+    }
+    if (res.session) upsert(res.session);
+    conversation.showSnapshot(sessionId, Array.isArray(res.turns) ? res.turns : []);
+  }
+
+  async function load() {
+    try {
+      const [res] = await request(LIST_SESSIONS, {});
+      if (res?.ok && Array.isArray(res.sessions)) set(res.sessions);
+    } catch {
+      /* the next `sessions` event or reconnect will fill it in */
+    }
+  }
+
+  window.addEventListener("hashchange", () => {
+    const id = readHashSession();
+    if (id === state.currentSessionId) return;
+    if (id) select(id);
+    else startNew();
+  });
+  byId("new-session").addEventListener("click", startNew);
+
+  return { set, markProcessing, markIdle, render, renderHeader, open, load, adopt };
+}

@@ -1,0 +1,71 @@
+// The relay connection: one socket.io socket on /ide, acknowledged requests, and the #connection badge.
+
+import { io } from "/static/vendor/socket.io.esm.min.js";
+import { HELLO, IDE_NAMESPACE } from "./protocol.js";
+import { byId, toast } from "./ui.js";
+
+const ACK_TIMEOUT_MS = 15000;
+
+export const socket = io(IDE_NAMESPACE);
+
+/** Emit an acknowledged event; resolves to the ack's arguments, rejects if none comes in time. */
+export function request(event, payload) {
+  return new Promise((resolve, reject) => {
+    socket.timeout(ACK_TIMEOUT_MS).emit(event, payload, (err, ...args) => {
+      if (err) reject(new Error("The relay did not answer."));
+      else resolve(args);
+    });
+  });
+}
+
+/** Keep the badge in step with the socket; `onConnect` runs after every (re)connect. */
+export function watchConnection(onConnect) {
+  const badge = byId("connection");
+  const label = byId("connection-label");
+  const reconnect = byId("reconnect");
+  let connectErrorShown = false;
+
+  const show = (state, text) => {
+    badge.dataset.state = state;
+    label.textContent = text;
+    reconnect.hidden = state !== "disconnected";
+  };
+
+  socket.on("connect", () => {
+    connectErrorShown = false;
+    show("connected", "Connected");
+    onConnect();
+  });
+
+  socket.on("disconnect", () => {
+    if (socket.active) show("reconnecting", "Reconnecting…");
+    else show("disconnected", "Disconnected");
+  });
+
+  socket.on("connect_error", (err) => {
+    if (socket.active) {
+      show("reconnecting", "Reconnecting…");
+    } else {
+      show("disconnected", "Disconnected");
+      if (!connectErrorShown) {
+        connectErrorShown = true;
+        toast(`Connection refused: ${err?.message || "unknown reason"}`, { error: true });
+      }
+    }
+  });
+
+  socket.io.on("reconnect_attempt", () => show("reconnecting", "Reconnecting…"));
+  socket.io.on("reconnect_failed", () => show("disconnected", "Disconnected"));
+
+  reconnect.addEventListener("click", () => {
+    show("reconnecting", "Connecting…");
+    socket.connect();
+  });
+
+  socket.on(HELLO, (payload) => {
+    const browserId = payload?.browserId ?? null;
+    badge.title = browserId ? `Browser ${browserId}` : "";
+  });
+
+  show("reconnecting", "Connecting…");
+}
