@@ -117,6 +117,7 @@ class Stack:
         args = ["-m", "bench.hangar_mono", "serve", "--port", "0", "--database", str(db)]
         proc = self.spawn(name, [*args, "--drone-token", TOKEN])
         found = await proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
+        RELAY_DATABASES[found.group(1)] = db
         return found.group(1), proc
 
     async def peer(self, provider: str, interval: float) -> tuple[str, Proc]:
@@ -143,9 +144,36 @@ def get_json(url: str, method: str = "GET") -> Any:
         return json.load(response)
 
 
+RELAY_DATABASES: dict[str, Path] = {}
+"""The database of each relay a ``Stack`` started, by URL: where its people are made."""
+
+
+async def people(url: str, count: int) -> list[str | None]:
+    """API tokens of ``count`` new people of the relay at ``url`` (Nones for a bare forwarder,
+    which has no accounts). Each browser connection of a benchmark is a person of its own."""
+    database = RELAY_DATABASES.get(url)
+    if database is None:
+        return [None] * count
+    from hangar.server.accounts import Accounts
+    from hangar.server.sqlite_store import SqliteTurnStore
+
+    store = SqliteTurnStore(database)
+    await store.open()
+    try:
+        accounts = Accounts(store)
+        tokens: list[str | None] = []
+        for _ in range(count):
+            name = f"bench-{os.urandom(6).hex()}"
+            await accounts.add_user(name, None)
+            tokens.append(await accounts.create_api_token(name, "benchmark"))
+        return tokens
+    finally:
+        await store.close()
+
+
 async def wait_drones(relay: str, count: int, limit: float = 30.0) -> None:
     """Wait until ``count`` drones are online (``listDrones``)."""
-    browser = await Browser(relay).connect()
+    browser = await Browser(relay, (await people(relay, 1))[0]).connect()
     try:
         deadline = time.monotonic() + limit
         while len((await browser.sio.call("listDrones", {}, namespace=IDE))["drones"]) < count:
@@ -176,8 +204,9 @@ def rss_kib(pid: int) -> int:
 class Browser:
     """A socket.io client on ``/ide``: submits work orders, aborts them, stamps what arrives."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
+        self.token = token
         self.sio = socketio.AsyncClient(reconnection=False)
         self.progress: dict[str, int] = {}
         self.first_progress: dict[str, asyncio.Event] = {}
@@ -187,7 +216,8 @@ class Browser:
         self.sio.on("workOrderComplete", self._on_complete, namespace=IDE)
 
     async def connect(self) -> Browser:
-        await self.sio.connect(self.url, namespaces=[IDE], transports=["websocket"])
+        auth = {"token": self.token} if self.token else None
+        await self.sio.connect(self.url, namespaces=[IDE], auth=auth, transports=["websocket"])
         return self
 
     async def close(self) -> None:
@@ -232,9 +262,10 @@ class Browser:
 
 async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browser]:
     browsers: list[Browser] = []
+    tokens = await people(url, count)
     for start in range(0, count, batch):
-        size = min(batch, count - start)
-        browsers += await asyncio.gather(*(Browser(url).connect() for _ in range(size)))
+        chosen = tokens[start : start + batch]
+        browsers += await asyncio.gather(*(Browser(url, token).connect() for token in chosen))
     return browsers
 
 

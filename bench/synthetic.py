@@ -25,6 +25,7 @@ class SyntheticDrone:
     async def connect(self, url: str, drone_id: str) -> SyntheticDrone:
         auth: dict[str, Any] = {"token": TOKEN, "droneId": drone_id, "name": "bench"}
         auth |= {"provider": "openai", "model": "m", "concurrency": 1000}
+        auth["instance"] = f"synthetic-instance-{drone_id}"
         await self.sio.connect(url, auth=auth, namespaces=[DRONE], transports=["websocket"])
         return self
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import Browser, Proc, Stack, cpu_load, run_main, table, wait_quiet
+from .common import Browser, Proc, Stack, cpu_load, people, run_main, table, wait_quiet
 from .profiling import py_spy, top_frames
 from .synthetic import SyntheticDrone
 
@@ -29,7 +29,7 @@ async def one_run(
 ) -> tuple[float, dict[str, float]]:
     """Events per second delivered to the browser, and CPU shares meanwhile."""
     drone = await SyntheticDrone().connect(url, drone_id)
-    browser = await Browser(url).connect()
+    browser = await Browser(url, (await people(url, 1))[0]).connect()
     try:
         turn_id = await browser.submit("throughput")
         assert await asyncio.wait_for(drone.orders.get(), 10) == turn_id

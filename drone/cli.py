@@ -10,6 +10,7 @@ import sys
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import add_log_level
+from hangar.shared.protocol import drone_name_of
 
 from .worker import DEFAULT_MODELS, PROVIDERS, DroneConfig, run_drone
 
@@ -39,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--name",
-        default=env("HANGAR_DRONE_NAME", socket.gethostname()),
-        help="name shown to people (HANGAR_DRONE_NAME; default: host name)",
+        default=env("HANGAR_DRONE_NAME", ""),
+        help="name shown to people (HANGAR_DRONE_NAME; default: the drone token's name, else "
+        "the host name)",
     )
     parser.add_argument(
         "--provider",
@@ -90,7 +92,7 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
     return DroneConfig(
         server=args.server,
         token=args.token,
-        name=args.name,
+        name=args.name or drone_name_of(args.token) or socket.gethostname(),
         provider=args.provider,
         model=args.model or DEFAULT_MODELS.get(args.provider, ""),
         base_url=args.base_url,

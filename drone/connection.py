@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
+    DISMISSED,
     DRONE_NAMESPACE,
     WORK_ORDER,
     WORK_ORDER_COMPLETE,
@@ -32,6 +34,8 @@ from .report import TurnReport
 log = logging.getLogger("hangar.drone")
 
 CONFIRM_TIMEOUT = 10.0
+REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)
+"""Seconds between attempts to reach a relay again after one dropped this drone."""
 
 
 class DroneRefusedError(Exception):
@@ -55,6 +59,8 @@ class RelayConnection:
         self._attempts = 0
         self.record = record
         self.token = token
+        self.instance = secrets.token_urlsafe(24)
+        """This process's secret: only it may take the drone's place again on a reconnect."""
         self.sio = socketio.AsyncClient(
             handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
             reconnection=True,
@@ -72,7 +78,10 @@ class RelayConnection:
         self.reports: dict[str, TurnReport] = {}
         """The report of each turn running here, dropped with its completion."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._rejoining = False
         self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
+        self.sio.on(DISMISSED, self._on_dismissed, namespace=DRONE_NAMESPACE)
         self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
         self.sio.on("connect_error", self._on_connect_error, namespace=DRONE_NAMESPACE)
 
@@ -141,7 +150,9 @@ class RelayConnection:
     def hello(self) -> dict[str, Any]:
         """The ``auth`` sent at every (re)connect, with the turns still running here."""
         running = self.orders.running_ids() if self.orders is not None else []
-        hello = DroneHello(**self.record.model_dump(), token=self.token, running=running)
+        hello = DroneHello(
+            **self.record.model_dump(), token=self.token, instance=self.instance, running=running
+        )
         return hello.wire()
 
     def next_url(self) -> str:
@@ -180,6 +191,7 @@ class RelayConnection:
         return self.refusal or ""
 
     async def close(self) -> None:
+        self._closing = True
         await self.sio.disconnect()
 
     async def _on_connect(self) -> None:
@@ -197,12 +209,41 @@ class RelayConnection:
     async def _on_disconnect(self, *reason: Any) -> None:
         self.connected.clear()
         log.warning("disconnected from relay %s", self.url)
+        # python-socketio reconnects by itself after a lost connection, not after the relay
+        # dropped this drone: then it is up to the drone (unless the relay said why, for good).
+        if reason and reason[0] == self.sio.reason.SERVER_DISCONNECT and not self._closing:
+            self.spawn(self._rejoin())
+
+    async def _on_dismissed(self, data: Any = None) -> None:
+        reason = data.get("reason") if isinstance(data, dict) else None
+        self._refuse(str(reason or "The relay dismissed this drone."))
+
+    async def _rejoin(self) -> None:
+        if self._rejoining:
+            return
+        self._rejoining = True
+        try:
+            attempt = 0
+            while not (self._closing or self.refused.is_set() or self.sio.connected):
+                await asyncio.sleep(REJOIN_DELAYS[min(attempt, len(REJOIN_DELAYS) - 1)])
+                attempt += 1
+                try:
+                    await self.connect()
+                except DroneRefusedError as error:
+                    self._refuse(str(error))
+                except ConnectionError:
+                    log.info("relay still unreachable; trying again")
+        finally:
+            self._rejoining = False
+
+    def _refuse(self, reason: str) -> None:
+        self.refusal = reason
+        self.refused.set()
 
     async def _on_connect_error(self, data: Any = None) -> None:
         # The relay's own refusals arrive as {"message": ...}; transport failures as text.
         if isinstance(data, dict):
-            self.refusal = str(data.get("message") or "The relay refused this drone.")
-            self.refused.set()
+            self._refuse(str(data.get("message") or "The relay refused this drone."))
             log.debug("relay refused this drone: %s", self.refusal)
         else:
             log.debug("cannot reach the relay: %s", data)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.protocol import DroneRecord
+from hangar.shared.protocol import DroneRecord, drone_name_of
 
 from .connection import DroneRefusedError, RelayConnection
 from .providers import OllamaProvider, OpenAIProvider, Provider
@@ -43,8 +43,9 @@ class DroneConfig:
     """Where the drone's tools read, write and run commands; None disables tools."""
 
     def drone_id(self) -> str:
-        """Stable for the life of this process, so a reconnect is recognised as the same drone."""
-        return f"{self.name}-{_INSTANCE}"
+        """The name a drone token carries; otherwise one stable for the life of this process,
+        so a reconnect is recognised as the same drone."""
+        return drone_name_of(self.token) or f"{self.name}-{_INSTANCE}"
 
 
 def make_provider(config: DroneConfig) -> Provider:

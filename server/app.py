@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -13,9 +14,11 @@ from pathlib import Path
 import socketio
 from aiohttp import web
 
+from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
+
+from .access import Access, follow_revocations
 from .browsers import IdeNamespace
 from .drones import DroneNamespace
-from .identity import IDENTITY_COOKIE
 from .live_state import LiveState, LocalLiveState
 from .relay import Relay
 from .sqlite_store import SqliteTurnStore
@@ -39,7 +42,12 @@ class RelayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     database: str = "hangar.db"
-    drone_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    drone_token: str = ""
+    """A secret shared by every drone (``--drone-token``); empty: drones need their own token."""
+    allowed_origins: list[str] = field(default_factory=list)
+    """Origins besides the relay's own that may use it (a proxy's public address)."""
+    demo_user: str | None = None
+    """On a demo relay: the user a visitor on this machine is logged in as."""
     abort_grace: float = 10.0
     drone_grace: float = 3.0
     redis: str | None = None
@@ -68,24 +76,34 @@ def open_live_state(redis: str | None) -> LiveState:
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = socketio.AsyncRedisManager(config.redis) if config.redis else None
+    store = store or open_store(config.database)
+    relay_access: list[Access] = []
     sio = socketio.AsyncServer(
         client_manager=manager,
         async_mode="aiohttp",
-        cors_allowed_origins=[],
+        # Every request carrying an Origin (websocket and polling) must come from the relay's
+        # own origins; only /ide and /drone accept connections (not the default "/").
+        cors_allowed_origins=lambda origin, environ: relay_access[0].origin_allowed(
+            origin, environ
+        ),
+        namespaces=[IDE_NAMESPACE, DRONE_NAMESPACE],
         max_http_buffer_size=MAX_TRANSPORT_BYTES,
     )
     app = web.Application()
     sio.attach(app)
     relay = Relay(
-        store or open_store(config.database),
+        store,
         sio,
         open_live_state(config.redis),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,
     )
-    sio.register_namespace(IdeNamespace(relay))
-    sio.register_namespace(DroneNamespace(relay))
+    access = Access(relay.accounts, config.allowed_origins, config.demo_user)
+    relay_access.append(access)
+    browsers, drones = IdeNamespace(relay, access), DroneNamespace(relay)
+    sio.register_namespace(browsers)
+    sio.register_namespace(drones)
     app[RELAY] = relay
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -96,12 +114,22 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
             sio.manager_initialized = True
             manager.initialize()
         await relay.start()
+        revocations = asyncio.ensure_future(
+            follow_revocations(relay.accounts, [browsers.revoked, drones.revoked])
+        )
         yield
+        revocations.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await revocations
         await relay.close()
         await relay.store.close()
 
     app.cleanup_ctx.append(lifecycle)
-    add_page(app, web_dir())
+    # On shutdown, before aiohttp waits for requests in flight (a pending long-poll among them).
+    app.on_shutdown.append(lambda app: close_connections(sio))
+    page_dir = web_dir()
+    access.add_routes(app, page_dir)
+    add_static(app, page_dir)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", relay.metrics.serve)
     if config.demo_model:
@@ -111,25 +139,19 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     return app
 
 
-def add_page(app: web.Application, page_dir: Path) -> None:
-    """Serve the page at ``/`` and its modules and vendored libraries under ``/static/``."""
+async def close_connections(sio: socketio.AsyncServer) -> None:
+    """Close every engine.io connection now, without waiting for clients to read the close.
 
-    async def index(request: web.Request) -> web.StreamResponse:
-        page = page_dir / "index.html"
-        if not page.exists():
-            return web.Response(text="Hangar relay is running; the web page is not installed.")
-        response = web.FileResponse(page, headers={"Cache-Control": "no-cache"})
-        if IDENTITY_COOKIE not in request.cookies:
-            response.set_cookie(
-                IDENTITY_COOKIE,
-                secrets.token_urlsafe(32),
-                max_age=365 * 24 * 3600,
-                httponly=True,
-                samesite="Lax",
-            )
-        return response
+    Otherwise a polling client's pending long-poll holds the shutdown for the ping interval
+    (~25 s), and ``AsyncServer.disconnect()`` waits for ever on a polling client that is gone.
+    """
+    sockets = list(sio.eio.sockets.values())
+    if sockets:
+        await asyncio.gather(*(s.close(wait=False) for s in sockets), return_exceptions=True)
 
-    app.router.add_get("/", index)
+
+def add_static(app: web.Application, page_dir: Path) -> None:
+    """Serve the page's modules and vendored libraries under ``/static/``."""
     if (page_dir / "index.html").exists():
         if not (page_dir / "vendor").is_dir():
             log.warning("the page's libraries are missing from %s/vendor: run make", page_dir)

@@ -1,28 +1,34 @@
-"""Browser connections (``/ide``): each may see and abort only its owner's turns."""
+"""Browser connections (``/ide``): a person who logged in (or a script with their API token).
+A member sees and aborts only their own turns; an admin, everyone's."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import socketio
 from pydantic import ValidationError
 
 from hangar.shared.protocol import (
     DRONES,
     HELLO,
     IDE_NAMESPACE,
+    LOGGED_OUT,
+    NOT_LOGGED_IN,
     SESSIONS,
     AbortWorkOrderRequest,
+    ListSessions,
     OpenSession,
     SubmitWorkOrder,
 )
 
+from .access import Access, Credential
+from .accounts import Revocation
 from .connections import ConnectionNamespace
-from .identity import (
+from .limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
     TOO_MANY_SUBMITS,
     RateLimit,
-    browser_identity,
     one_payload,
     refusal,
 )
@@ -31,12 +37,14 @@ from .rooms import owner_room
 
 
 class BrowserConnection:
-    """One browser connection of a person (``owner``)."""
+    """One browser connection of a person."""
 
-    def __init__(self, relay: Relay, sid: str, owner: str) -> None:
+    def __init__(self, relay: Relay, sid: str, credential: Credential) -> None:
         self.relay = relay
         self.sid = sid
-        self.owner = owner
+        self.credential = credential
+        self.user = credential.user
+        self.owner = credential.user.user_id
         self.submits = RateLimit(burst=10, per_second=1)
         self.aborts = RateLimit(burst=20, per_second=5)
 
@@ -56,35 +64,60 @@ class BrowserConnection:
             return False, refusal(error)
         if not self.aborts.allow():
             return False, TOO_MANY_ABORTS
-        return await self.relay.turns.abort(self.owner, request)
+        return await self.relay.turns.abort(self.user, request)
 
     async def on_open_session(self, *args: Any) -> dict[str, Any]:
         try:
             request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
-        return await self.relay.rooms.open_session(self.owner, self.sid, request.session_id)
+        return await self.relay.rooms.open_session(self.user, self.sid, request.session_id)
 
     async def on_list_sessions(self, *args: Any) -> dict[str, Any]:
-        return {"ok": True, "sessions": await self.relay.rooms.session_views(self.owner)}
+        try:
+            request = ListSessions.model_validate(one_payload(args, MAX_EVENT_BYTES))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": refusal(error)}
+        everyone = request.everyone and self.user.admin
+        sessions = await self.relay.rooms.session_views(self.user, everyone=everyone)
+        return {"ok": True, "sessions": sessions}
 
     async def on_list_drones(self, *args: Any) -> dict[str, Any]:
         return {"ok": True, "drones": await self.relay.directory.views()}
 
 
 class IdeNamespace(ConnectionNamespace[BrowserConnection]):
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: Relay, access: Access) -> None:
         super().__init__(IDE_NAMESPACE)
         self.relay = relay
+        self.access = access
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
-        owner = browser_identity(environ, auth)
-        self.connections[sid] = BrowserConnection(self.relay, sid, owner)
+        credential = await self.access.browser(environ, auth)
+        if credential is None:
+            raise socketio.exceptions.ConnectionRefusedError(NOT_LOGGED_IN)
+        user = credential.user
+        self.connections[sid] = BrowserConnection(self.relay, sid, credential)
         self.relay.metrics.browsers.set(len(self.connections))
-        await self.enter_room(sid, owner_room(owner))
-        await self.emit(HELLO, {"browserId": owner[:12]}, to=sid)
+        await self.enter_room(sid, owner_room(user.user_id))
+        demo = user.name == self.access.demo_user
+        hello = {"user": {"name": user.name, "role": user.role}, "demo": demo}
+        await self.emit(HELLO, hello, to=sid)
         await self.emit(DRONES, await self.relay.directory.views(), to=sid)
-        await self.emit(SESSIONS, await self.relay.rooms.session_views(owner), to=sid)
+        await self.emit(SESSIONS, await self.relay.rooms.session_views(user), to=sid)
+
+    async def revoked(self, revocation: Revocation) -> None:
+        """Disconnect the connections a revoked login, token or person had."""
+        for sid, connection in list(self.connections.items()):
+            credential = connection.credential
+            if (revocation.kind == credential.kind and revocation.revoked == credential.hashed) or (
+                revocation.kind == "user" and revocation.revoked == credential.user.user_id
+            ):
+                await self.emit(LOGGED_OUT, {"reason": NOT_LOGGED_IN}, to=sid)
+                await self.disconnect_client(sid)
+
+    async def disconnect_client(self, sid: str) -> None:
+        await self.server.disconnect(sid, namespace=IDE_NAMESPACE)
 
     async def disconnect(self, sid: str) -> None:
         self.connections.pop(sid, None)

@@ -20,7 +20,9 @@ from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import add_log_level
 
-from .app import RELAY, RelayConfig, build_app
+from .access import is_loopback
+from .accounts import Accounts
+from .app import RELAY, RelayConfig, build_app, open_store
 from .demo_model import DEMO_MODEL, DEMO_PATH
 
 log = logging.getLogger("hangar")
@@ -28,6 +30,8 @@ log = logging.getLogger("hangar")
 DRONE_START_TIMEOUT = 30.0
 DRONE_STOP_TIMEOUT = 10.0
 SHUTDOWN = "The relay is shutting down."
+DEMO_USER = "demo"
+DEMO_DRONE = "demo-drone"
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +41,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     serve.add_argument(
         "--drone-token",
         default=env("HANGAR_DRONE_TOKEN", ""),
-        help="token drones must present (HANGAR_DRONE_TOKEN; default: a new one, printed)",
+        help="a secret every drone may present, for a single relay (HANGAR_DRONE_TOKEN; "
+        "default: none, drones need their own token from hangar drone-token create)",
     )
     demo = commands.add_parser(
         "demo",
@@ -72,6 +77,13 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         help="Redis URL shared by several relays (HANGAR_REDIS; default: none, one relay)",
     )
     command.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[o for o in env("HANGAR_ALLOWED_ORIGINS", "").split(",") if o],
+        help="an origin besides the relay's own that may use it, e.g. a proxy's "
+        "https://hangar.example (repeatable; HANGAR_ALLOWED_ORIGINS, comma-separated)",
+    )
+    command.add_argument(
         "--abort-grace",
         type=float,
         default=env("HANGAR_ABORT_GRACE", "10"),
@@ -93,6 +105,7 @@ def relay_config(args: argparse.Namespace) -> RelayConfig:
         port=args.port,
         database=args.database,
         redis=args.redis,
+        allowed_origins=args.allowed_origin,
         abort_grace=args.abort_grace,
         drone_grace=args.drone_grace,
     )
@@ -126,10 +139,16 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
         )
         return 1
     print(f"Hangar relay listening on http://{config.host}:{port}/", flush=True)
+    relay = runner.app[RELAY]
+    if not await relay.accounts.users():
+        print(
+            f"No accounts yet: add one with hangar user add NAME --admin "
+            f"--database {config.database}",
+            flush=True,
+        )
     if not token_was_given:
         print(
-            f"Drones connect with: hangar drone --server http://{config.host}:{port} "
-            f"--token {config.drone_token}",
+            f"Drones need a token: hangar drone-token create NAME --database {config.database}",
             flush=True,
         )
     try:
@@ -143,7 +162,7 @@ def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
     """The demo drone's command-line arguments, and a label for what it talks to."""
     openai_key = os.environ.get("OPENAI_API_KEY")
     ollama_host = os.environ.get("OLLAMA_HOST")
-    common = ["--server", base, "--name", "demo-drone"]
+    common = ["--server", base]
     if openai_key:
         chosen = model or "gpt-4o-mini"
         return [*common, "--provider", "openai", "--model", chosen], f"OpenAI model {chosen}"
@@ -159,6 +178,15 @@ async def demo(config: RelayConfig, model: str) -> int:
     root = AbortController()
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))
+    if is_loopback(config.host):
+        config.demo_user = DEMO_USER
+    elif not await _has_accounts(config.database):
+        print(
+            f"hangar demo: on {config.host} the page is open to the network and needs accounts: "
+            f"add one with hangar user add NAME --admin --database {config.database}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         runner, port = await start_relay(config)
     except OSError as error:
@@ -169,7 +197,8 @@ async def demo(config: RelayConfig, model: str) -> int:
         return 1
     base = f"http://{config.host}:{port}"
     arguments, label = demo_drone_arguments(base, model)
-    env = {**os.environ, "HANGAR_DRONE_TOKEN": config.drone_token, "HANGAR_STATUS_LINE": "off"}
+    token = await _demo_drone_token(runner.app[RELAY].accounts)
+    env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
     # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once.
     drone = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hangar.drone", *arguments, env=env, start_new_session=True
@@ -189,6 +218,21 @@ async def demo(config: RelayConfig, model: str) -> int:
     finally:
         await _stop_child(drone)
         await runner.cleanup()
+
+
+async def _has_accounts(database: str) -> bool:
+    store = open_store(database)
+    await store.open()
+    try:
+        return bool(await Accounts(store).users())
+    finally:
+        await store.close()
+
+
+async def _demo_drone_token(accounts: Accounts) -> str:
+    """A fresh token for the demo's drone (an earlier run's is revoked)."""
+    await accounts.revoke_drone_token(DEMO_DRONE)
+    return await accounts.create_drone_token(DEMO_DRONE)
 
 
 async def _drone_connected(runner: web.AppRunner, drone: asyncio.subprocess.Process) -> bool:

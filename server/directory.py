@@ -126,7 +126,7 @@ class DroneDirectory:
         for route in await self.live.drones():
             running = len(await self.live.running(route.drone_id))
             view = DroneView(
-                **route.model_dump(exclude={"sid"}),
+                **route.model_dump(exclude={"sid", "instance"}),
                 running=running,
                 busy=running >= route.concurrency,
             )

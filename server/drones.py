@@ -1,8 +1,15 @@
 """Drone connections (``/drone``): authenticated at connect; each turn's events handled in the
-order the drone sent them."""
+order the drone sent them.
+
+A drone proves itself with its own token (``hangar drone-token create NAME``), whose name is the
+drone's id, or with the relay's shared ``--drone-token``. Either way a connection claiming the
+id of a connected drone must present that drone's instance secret (its reconnect), so no one
+takes over a drone's route and running work.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Any
 
@@ -10,6 +17,7 @@ import socketio
 from pydantic import ValidationError
 
 from hangar.shared.protocol import (
+    DISMISSED,
     DRONE_NAMESPACE,
     PROGRESS,
     Completion,
@@ -18,13 +26,20 @@ from hangar.shared.protocol import (
     TextDelta,
     ToolActivity,
     describe,
+    drone_name_of,
 )
 
+from .accounts import Revocation
 from .connections import ConnectionNamespace
-from .identity import one_payload, refusal
 from .lanes import TurnLanes
+from .limits import one_payload, refusal
 from .live_state import DroneRoute
 from .relay import Relay
+
+TOKEN_REQUIRED = "A drone token is required."
+INVALID_TOKEN = "Invalid drone token."
+ALREADY_CONNECTED = "A drone with this id is connected already."
+TOKEN_REVOKED = "The drone's token was revoked."
 
 
 class DroneConnection:
@@ -70,16 +85,43 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
         if not isinstance(auth, dict) or not isinstance(auth.get("token"), str):
-            raise socketio.exceptions.ConnectionRefusedError("A drone token is required.")
-        if not hmac.compare_digest(auth["token"].encode(), self.relay.drone_token.encode()):
-            raise socketio.exceptions.ConnectionRefusedError("Invalid drone token.")
+            raise socketio.exceptions.ConnectionRefusedError(TOKEN_REQUIRED)
+        token: str = auth["token"]
+        owned = drone_name_of(token)
+        if owned is not None:
+            if await self.relay.accounts.drone_of(token) != owned:
+                raise socketio.exceptions.ConnectionRefusedError(INVALID_TOKEN)
+        elif not self.relay.drone_token or not hmac.compare_digest(
+            token.encode(), self.relay.drone_token.encode()
+        ):
+            raise socketio.exceptions.ConnectionRefusedError(INVALID_TOKEN)
         try:
             hello = DroneHello.model_validate(auth)
         except ValidationError as error:
             raise socketio.exceptions.ConnectionRefusedError(describe(error)) from None
-        route = DroneRoute(**hello.record().model_dump(), sid=sid)
+        if owned is not None and hello.drone_id != owned:
+            raise socketio.exceptions.ConnectionRefusedError(
+                f"This token is the drone {owned}'s; connect as {owned}."
+            )
+        instance = hashlib.sha256(hello.instance.encode()).hexdigest()
+        connected = await self.relay.directory.route(hello.drone_id)
+        if connected is not None and not hmac.compare_digest(connected.instance, instance):
+            raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
+        route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
         self.connections[sid] = DroneConnection(self.relay, route)
         await self.relay.turns.drone_joined(route, hello.running)
+
+    async def revoked(self, revocation: Revocation) -> None:
+        """A revoked drone is disconnected at once, its running turns ended in error."""
+        if revocation.kind != "drone":
+            return
+        for sid, connection in list(self.connections.items()):
+            if connection.route.drone_id == revocation.revoked:
+                await self.relay.turns.end_drone_turns(
+                    connection.route.drone_id, "error", TOKEN_REVOKED
+                )
+                await self.emit(DISMISSED, {"reason": TOKEN_REVOKED}, to=sid)
+                await self.server.disconnect(sid, namespace=DRONE_NAMESPACE)
 
     async def disconnect(self, sid: str) -> None:
         drone = self.connections.pop(sid, None)

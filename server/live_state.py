@@ -15,9 +15,11 @@ from hangar.shared.protocol import DroneRecord
 
 
 class DroneRoute(DroneRecord):
-    """A connected drone: what it is, and where to reach it (its socket.io sid)."""
+    """A connected drone: what it is, where to reach it (its socket.io sid), and the hash of
+    its process's instance secret (a reconnect must present the same secret)."""
 
     sid: str
+    instance: str
 
 
 class LiveState(Protocol):

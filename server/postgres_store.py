@@ -6,6 +6,7 @@ relays can never both end a turn, and a partial unique index keeps one processin
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -47,6 +48,14 @@ class PostgresTurnStore:
             await self._pool.close()
             self._pool = None
 
+    async def fetch(self, sql: str, *parameters: Any) -> list[dict[str, Any]]:
+        return [dict(row) for row in await self.pool.fetch(_numbered(sql), *parameters)]
+
+    async def execute(self, sql: str, *parameters: Any) -> int:
+        status = await self.pool.execute(_numbered(sql), *parameters)
+        count = status.rsplit(" ", 1)[-1]
+        return int(count) if count.isdigit() else 0
+
     async def create_session(self, session: SessionRecord) -> None:
         await self.pool.execute(
             "INSERT INTO sessions (session_id, owner, title, created_at) VALUES ($1, $2, $3, $4)",
@@ -60,9 +69,10 @@ class PostgresTurnStore:
         row = await self.pool.fetchrow("SELECT * FROM sessions WHERE session_id = $1", session_id)
         return SessionRecord(**dict(row)) if row else None
 
-    async def list_sessions(self, owner: str) -> list[SessionRecord]:
+    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
         rows = await self.pool.fetch(
-            "SELECT * FROM sessions WHERE owner = $1 ORDER BY created_at DESC", owner
+            "SELECT * FROM sessions WHERE $1::text IS NULL OR owner = $1 ORDER BY created_at DESC",
+            owner,
         )
         return [SessionRecord(**dict(row)) for row in rows]
 
@@ -155,6 +165,13 @@ async def _insert_messages(db: Any, turn_id: str, messages: list[ChatMessage]) -
             "INSERT INTO messages (turn_id, body) VALUES ($1, $2::jsonb)",
             [(turn_id, json.dumps(_without_nul(m.wire()))) for m in messages],
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered(sql: str) -> str:
+    """``?`` placeholders as PostgreSQL's ``$1``, ``$2``, …"""
+    parts = sql.split("?")
+    return "".join(f"{part}${n}" for n, part in enumerate(parts[:-1], start=1)) + parts[-1]
 
 
 def _pg(text: str | None) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socketio
 
+from .accounts import Accounts
 from .background import Background
 from .directory import DroneDirectory
 from .live_state import LiveState
@@ -35,7 +36,8 @@ class Relay:
         self.drone_token = drone_token
         self.metrics = RelayMetrics()
         self.background = Background()
-        self.rooms = Rooms(sio, store, live_state)
+        self.accounts = Accounts(store)
+        self.rooms = Rooms(sio, store, live_state, self.accounts)
         self.directory = DroneDirectory(sio, live_state, self.metrics, self.background.later)
         self.reaper = Reaper(
             store,

@@ -12,8 +12,9 @@ import socketio
 
 from hangar.shared.protocol import IDE_NAMESPACE, SESSIONS
 
+from .accounts import Accounts, User
 from .live_state import LiveState
-from .store import TurnStore
+from .store import SessionRecord, TurnStore
 
 
 def session_room(session_id: str) -> str:
@@ -25,10 +26,13 @@ def owner_room(owner: str) -> str:
 
 
 class Rooms:
-    def __init__(self, sio: socketio.AsyncServer, store: TurnStore, live: LiveState) -> None:
+    def __init__(
+        self, sio: socketio.AsyncServer, store: TurnStore, live: LiveState, accounts: Accounts
+    ) -> None:
         self.sio = sio
         self.store = store
         self.live = live
+        self.accounts = accounts
 
     async def join_session(self, sid: str, session_id: str) -> None:
         await self.sio.enter_room(sid, session_room(session_id), namespace=IDE_NAMESPACE)
@@ -40,22 +44,29 @@ class Rooms:
         """Send the person's session list to every connection of theirs."""
         await self.sio.emit(
             SESSIONS,
-            await self.session_views(owner),
+            await self._views(await self.store.list_sessions(owner), owner),
             room=owner_room(owner),
             namespace=IDE_NAMESPACE,
         )
 
-    async def session_views(self, owner: str) -> list[dict[str, Any]]:
-        processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(owner)}
-        return [
-            s.view(processing.get(s.session_id)).wire()
-            for s in await self.store.list_sessions(owner)
-        ]
+    async def session_views(self, viewer: User, everyone: bool = False) -> list[dict[str, Any]]:
+        """The viewer's sessions, newest first (an admin may ask for everyone's)."""
+        owner = None if everyone and viewer.admin else viewer.user_id
+        return await self._views(await self.store.list_sessions(owner), viewer.user_id)
 
-    async def open_session(self, owner: str, sid: str, session_id: str) -> dict[str, Any]:
+    async def _views(self, sessions: list[SessionRecord], viewer_id: str) -> list[dict[str, Any]]:
+        if not sessions:
+            return []
+        owners = {s.owner for s in sessions}
+        only = next(iter(owners)) if len(owners) == 1 else None
+        processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(only)}
+        names = await self.accounts.names(owners - {viewer_id})
+        return [s.view(processing.get(s.session_id), names.get(s.owner)).wire() for s in sessions]
+
+    async def open_session(self, viewer: User, sid: str, session_id: str) -> dict[str, Any]:
         """Join a session's room and return its snapshot (live text of a running turn included)."""
         session = await self.store.get_session(session_id)
-        if session is None or session.owner != owner:
+        if session is None or not viewer.may_see(session.owner):
             return {"ok": False, "error": "Unknown session."}
         await self.join_session(sid, session_id)
         turns = await self.store.list_turns(session_id)
@@ -64,8 +75,9 @@ class Rooms:
             if turn.status == "processing":
                 processing = turn.turn_id
                 turn.text, turn.text_seq = await self.live.text(turn.turn_id)
+        names = await self.accounts.names({session.owner} - {viewer.user_id})
         return {
             "ok": True,
-            "session": session.view(processing).wire(),
+            "session": session.view(processing, names.get(session.owner)).wire(),
             "turns": [turn.view().wire() for turn in turns],
         }

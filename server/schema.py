@@ -63,6 +63,48 @@ MIGRATIONS = [
     DROP INDEX IF EXISTS turns_status;
     CREATE INDEX IF NOT EXISTS turns_processing ON turns (status) WHERE status = 'processing';
     """,
+    # Accounts: people, their login sessions and API tokens; drones' tokens; failed logins;
+    # and revocations, which every relay follows to drop what was revoked.
+    """
+    CREATE TABLE users (
+        user_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        password_hash TEXT,
+        role TEXT NOT NULL CHECK (role IN ('admin', 'member')),
+        created_at {real} NOT NULL
+    );
+    CREATE TABLE logins (
+        token_hash TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users (user_id) ON DELETE CASCADE,
+        created_at {real} NOT NULL,
+        expires_at {real} NOT NULL
+    );
+    CREATE INDEX logins_user ON logins (user_id);
+    CREATE TABLE api_tokens (
+        token_hash TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users (user_id) ON DELETE CASCADE,
+        label TEXT NOT NULL,
+        created_at {real} NOT NULL
+    );
+    CREATE INDEX api_tokens_user ON api_tokens (user_id);
+    CREATE TABLE drone_tokens (
+        name TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL,
+        created_at {real} NOT NULL,
+        revoked_at {real}
+    );
+    CREATE TABLE login_failures (
+        failure_key TEXT PRIMARY KEY,
+        failures INTEGER NOT NULL,
+        since {real} NOT NULL
+    );
+    CREATE TABLE revocations (
+        revocation_id {serial},
+        kind TEXT NOT NULL CHECK (kind IN ('login', 'token', 'user', 'drone')),
+        revoked TEXT NOT NULL,
+        at {real} NOT NULL
+    );
+    """,
 ]
 
 

@@ -94,6 +94,12 @@ class SqliteTurnStore:
     async def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         return await self._call(lambda: self.conn.execute(sql, parameters).fetchall())
 
+    async def fetch(self, sql: str, *parameters: Any) -> list[dict[str, Any]]:
+        return [dict(row) for row in await self._rows(sql, parameters)]
+
+    async def execute(self, sql: str, *parameters: Any) -> int:
+        return await self._write(lambda conn: conn.execute(sql, parameters).rowcount)
+
     async def create_session(self, session: SessionRecord) -> None:
         await self._write(
             lambda conn: conn.execute(
@@ -106,9 +112,10 @@ class SqliteTurnStore:
         rows = await self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
         return SessionRecord(**dict(rows[0])) if rows else None
 
-    async def list_sessions(self, owner: str) -> list[SessionRecord]:
+    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
         rows = await self._rows(
-            "SELECT * FROM sessions WHERE owner = ? ORDER BY created_at DESC", (owner,)
+            "SELECT * FROM sessions WHERE ? IS NULL OR owner = ? ORDER BY created_at DESC",
+            (owner, owner),
         )
         return [SessionRecord(**dict(row)) for row in rows]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from hangar.shared.protocol import ChatMessage, SessionView, TurnStatus, TurnView
 
@@ -21,12 +21,15 @@ class SessionRecord:
     title: str
     created_at: float = field(default_factory=time.time)
 
-    def view(self, processing_turn_id: str | None = None) -> SessionView:
+    def view(
+        self, processing_turn_id: str | None = None, owner_name: str | None = None
+    ) -> SessionView:
         return SessionView(
             session_id=self.session_id,
             title=self.title,
             created_at=self.created_at,
             processing_turn_id=processing_turn_id,
+            owner_name=owner_name,
         )
 
 
@@ -61,11 +64,21 @@ class TurnRecord:
         )
 
 
+class Database(Protocol):
+    """Statements written once for both databases: ``?`` marks each parameter."""
+
+    async def fetch(self, sql: str, *parameters: Any) -> list[dict[str, Any]]:
+        """The rows a query returns, as dicts."""
+
+    async def execute(self, sql: str, *parameters: Any) -> int:
+        """Run one statement (committed on its own); returns how many rows it changed."""
+
+
 class SessionBusyError(Exception):
     """The session already has a processing turn (one turn at a time per session)."""
 
 
-class TurnStore(Protocol):
+class TurnStore(Database, Protocol):
     async def open(self) -> None:
         """Connect and create or migrate the schema."""
 
@@ -75,8 +88,8 @@ class TurnStore(Protocol):
 
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
 
-    async def list_sessions(self, owner: str) -> list[SessionRecord]:
-        """The owner's sessions, newest first."""
+    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
+        """The owner's sessions (everyone's for None), newest first."""
 
     async def create_turn(self, turn: TurnRecord) -> None:
         """Store a new turn (status ``processing``) with its first messages.

@@ -19,7 +19,6 @@ from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
     DRONE_OFFLINE,
     NO_ACTIVE_WORK_ORDER,
-    NOT_YOUR_TURN,
     TURN_STARTED,
     UNKNOWN_TURN,
     WORK_ORDER,
@@ -37,6 +36,7 @@ from hangar.shared.protocol import (
     session_title,
 )
 
+from .accounts import User
 from .directory import DRONE_CALL_TIMEOUT, DroneDirectory
 from .live_state import DroneRoute, LiveState
 from .metrics import RelayMetrics
@@ -145,14 +145,15 @@ class TurnLifecycle:
                 turn.turn_id, "error", str(reason or "The drone refused the work order.")
             )
 
-    async def abort(self, owner: str, request: AbortWorkOrderRequest) -> tuple[bool, str]:
+    async def abort(self, viewer: User, request: AbortWorkOrderRequest) -> tuple[bool, str]:
         turn_id = request.turn_id
         if turn_id is None:
+            owner = None if viewer.admin and request.session_id else viewer.user_id
             mine = await self.store.processing_turns(owner=owner, session_id=request.session_id)
             if not mine:
                 return False, NO_ACTIVE_WORK_ORDER
             turn_id = mine[-1].turn_id
-        route, refusal = await self._abort_route(owner, turn_id)
+        route, refusal = await self._abort_route(viewer, turn_id)
         if route is None:
             return False, refusal
         requested_at = time.monotonic()
@@ -180,18 +181,19 @@ class TurnLifecycle:
             self.reaper.watch_abort(turn_id)
         return success, message
 
-    async def _abort_route(self, owner: str, turn_id: str) -> tuple[DroneRoute | None, str]:
-        """Where to send an abort of ``turn_id``, or why there is nowhere to send it."""
+    async def _abort_route(self, viewer: User, turn_id: str) -> tuple[DroneRoute | None, str]:
+        """Where to send an abort of ``turn_id``, or why there is nowhere to send it.
+
+        Someone else's turn is refused as an unknown one: a refusal tells nothing of others.
+        """
         live = self.live.get(turn_id)
         local = self.directory.here(live.drone_id) if live else None
         if live is not None and local is not None:
             # The turn's drone is connected here: answer from memory, no store round trip.
-            return (local, "") if live.owner == owner else (None, NOT_YOUR_TURN)
+            return (local, "") if viewer.may_see(live.owner) else (None, UNKNOWN_TURN)
         turn = await self.store.get_turn(turn_id, messages=False)
-        if turn is None:
+        if turn is None or not viewer.may_see(turn.owner):
             return None, UNKNOWN_TURN
-        if turn.owner != owner:
-            return None, NOT_YOUR_TURN
         if turn.status != "processing":
             return None, NO_ACTIVE_WORK_ORDER
         route = await self.live_state.drone(turn.drone_id) if turn.drone_id else None
@@ -208,6 +210,11 @@ class TurnLifecycle:
                 running.append(turn_id)
                 self.reaper.forget(turn_id)
         await self.directory.join(route, running)
+
+    async def end_drone_turns(self, drone_id: str, status: TurnStatus, message: str) -> None:
+        """End every turn the drone runs now, without waiting for it."""
+        for turn_id in await self.live_state.running(drone_id):
+            await self.end_turn(turn_id, status, message)
 
     async def drone_left(self, route: DroneRoute) -> None:
         """A drone's connection closed: its turns end unless it comes back in time."""
@@ -244,12 +251,10 @@ class TurnLifecycle:
         """The live turn the drone may report on, or why it may not."""
         live = self.live.get(turn_id)
         if live is not None:
-            return live if live.drone_id == drone_id else NOT_YOUR_TURN
+            return live if live.drone_id == drone_id else UNKNOWN_TURN
         turn = await self.store.get_turn(turn_id, messages=False)
-        if turn is None:
+        if turn is None or turn.drone_id != drone_id:
             return UNKNOWN_TURN
-        if turn.drone_id != drone_id:
-            return NOT_YOUR_TURN
         if turn.status != "processing":
             return TURN_ENDED
         live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)

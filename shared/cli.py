@@ -1,5 +1,7 @@
 """The ``hangar`` command. Each part brings its own subcommands, imported only when used: the
-relay's (``serve``, ``demo``) from ``hangar.server.cli``, the drone's from ``hangar.drone.cli``.
+relay's (``serve``, ``demo``) from ``hangar.server.cli``, the account commands (``user``,
+``token``, ``drone-token``) from ``hangar.server.accounts_cli``, the drone's from
+``hangar.drone.cli``.
 So ``hangar serve`` never loads the drone or a model SDK, and ``hangar drone`` never loads the
 relay.
 
@@ -20,6 +22,9 @@ from typing import NoReturn
 PARTS = {
     "serve": "hangar.server.cli",
     "demo": "hangar.server.cli",
+    "user": "hangar.server.accounts_cli",
+    "token": "hangar.server.accounts_cli",
+    "drone-token": "hangar.server.accounts_cli",
     "drone": "hangar.drone.cli",
 }
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -63,7 +68,7 @@ def parser(parts: list[ModuleType]) -> Parser:
 
 def _parts_for(argv: list[str]) -> list[ModuleType]:
     named = next((arg for arg in argv if arg in PARTS), None)
-    modules = [PARTS[named]] if named else sorted(set(PARTS.values()))
+    modules = [PARTS[named]] if named else list(dict.fromkeys(PARTS.values()))
     return [importlib.import_module(name) for name in modules]
 
 

@@ -7,6 +7,7 @@ Every model forbids unknown keys, so a malformed payload is refused instead of h
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
@@ -23,6 +24,7 @@ OPEN_SESSION = "openSession"
 LIST_DRONES = "listDrones"
 # relay -> browser
 HELLO = "hello"
+LOGGED_OUT = "loggedOut"
 TURN_STARTED = "turnStarted"
 WORK_ORDER_PROGRESS = "workOrderProgress"  # also drone -> relay
 WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
@@ -30,18 +32,24 @@ DRONES = "drones"
 SESSIONS = "sessions"
 # relay -> drone
 WORK_ORDER = "workOrder"
+DISMISSED = "dismissed"
+"""``{reason}``: the relay drops this drone for good (its token was revoked, say)."""
 
 ABORTED = "aborted"
 """The message of ``workOrderComplete(turnId, True, "aborted")``."""
 
+NOT_LOGGED_IN = "Log in to continue."
+"""Why a browser connection is refused at connect (the page goes to ``/login``)."""
 ABORT_SIGNALED = "Abort signaled"
 NO_ACTIVE_WORK_ORDER = "No active work order to abort"
 DRONE_OFFLINE = "Drone is offline"
 UNKNOWN_TURN = "Unknown turn"
-NOT_YOUR_TURN = "Not your turn"
 TOOL_CANCELLED = "Tool execution was cancelled by user."
 
 MAX_PROMPT_CHARS = 100_000
+DRONE_TOKEN_PREFIX = "hgd."
+"""A drone token names its drone: ``hgd.<drone name>.<secret>``."""
+DRONE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
 TurnStatus = Literal["processing", "finished", "aborted", "error"]
 TERMINAL_STATUSES: tuple[TurnStatus, ...] = ("finished", "aborted", "error")
@@ -100,6 +108,11 @@ class OpenSession(Wire):
     session_id: Id
 
 
+class ListSessions(Wire):
+    everyone: bool = False
+    """Admins only: every person's sessions, not just their own."""
+
+
 # ---- relay <-> browser views
 
 
@@ -126,6 +139,8 @@ class SessionView(Wire):
     title: str
     created_at: float
     processing_turn_id: str | None = None
+    owner_name: str | None = None
+    """Whose session it is, when it is not the viewer's own (an admin's view)."""
 
 
 class TurnView(Wire):
@@ -196,6 +211,9 @@ class DroneHello(DroneRecord):
     """The socket.io ``auth`` a drone connects with."""
 
     token: str = Field(min_length=1, max_length=512)
+    instance: str = Field(min_length=16, max_length=128)
+    """A secret of the drone's process: a connection claiming a connected drone's id must
+    present the same one (a reconnect), or it is refused."""
     running: list[Id] = Field(default_factory=list)
     """Turns the drone is still running (non-empty after a reconnect)."""
 
@@ -213,6 +231,14 @@ class Completion(Wire):
     @property
     def status(self) -> TurnStatus:
         return completion_status(self.success, self.message)
+
+
+def drone_name_of(token: str) -> str | None:
+    """The drone a drone token belongs to, or None if it is not one."""
+    parts = token.split(".")
+    if len(parts) == 3 and f"{parts[0]}." == DRONE_TOKEN_PREFIX:
+        return parts[1] if re.match(DRONE_NAME_PATTERN, parts[1]) else None
+    return None
 
 
 def session_title(prompt: str) -> str:

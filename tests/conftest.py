@@ -20,6 +20,8 @@ import socketio
 
 from bench.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
 from hangar.drone.worker import DroneConfig, run_drone
+from hangar.server.access import LOGIN_COOKIE
+from hangar.server.accounts import Accounts, Role
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.relay import Relay
@@ -48,11 +50,32 @@ async def eventually(
         await asyncio.sleep(0.01)
 
 
+class People:
+    """Accounts for tests: each name becomes a person (made on first use) with an API token."""
+
+    def __init__(self, accounts: Accounts) -> None:
+        self.accounts = accounts
+        self.tokens: dict[str, str] = {}
+        self._count = 0
+
+    async def token(self, name: str | None = None, role: Role = "member") -> str:
+        """The API token of ``name`` (a new person of their own when None)."""
+        if name is None:
+            self._count += 1
+            name = f"person-{self._count}"
+        if name not in self.tokens:
+            if await self.accounts.user(name) is None:
+                await self.accounts.add_user(name, None, role)
+            self.tokens[name] = await self.accounts.create_api_token(name, "tests")
+        return self.tokens[name]
+
+
 @dataclass
 class RelayHandle:
     url: str
     relay: Relay
     config: RelayConfig
+    people: People
 
 
 @pytest.fixture
@@ -65,7 +88,8 @@ async def relay(tmp_path: Path) -> AsyncIterator[RelayHandle]:
         drone_grace=0.5,
     )
     runner, port = await start_relay(config)
-    yield RelayHandle(f"http://127.0.0.1:{port}", runner.app[RELAY], config)
+    relay = runner.app[RELAY]
+    yield RelayHandle(f"http://127.0.0.1:{port}", relay, config, People(relay.accounts))
     await runner.cleanup()
 
 
@@ -127,13 +151,9 @@ async def start_drone(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
     counter = iter(range(1000))
 
     async def start(upstream: Upstream | None = None, **settings: Any) -> DroneHandle:
-        options = {**(upstream.drone_settings() if upstream else {}), **settings}
-        config = DroneConfig(
-            server=relay.url,
-            token=DRONE_TOKEN,
-            name=f"drone{next(counter)}",
-            **options,
-        )
+        defaults = {"token": DRONE_TOKEN, "name": f"drone{next(counter)}"}
+        options = {**defaults, **(upstream.drone_settings() if upstream else {}), **settings}
+        config = DroneConfig(server=relay.url, **options)
         root = AbortController()
         handle = DroneHandle(config, root, asyncio.ensure_future(run_drone(config, root)))
         drones.append(handle)
@@ -151,18 +171,27 @@ async def start_drone(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
 
 @dataclass
 class Browser:
-    """A socket.io client on ``/ide`` that records every event it receives, in order."""
+    """A socket.io client on ``/ide`` that records every event it receives, in order.
+
+    It is a person by their API token (``token``) or their login cookie (``login``).
+    """
 
     url: str
     token: str | None = None
+    login: str | None = None
     sio: socketio.AsyncClient = field(default_factory=socketio.AsyncClient)
     events: list[tuple[str, Any]] = field(default_factory=list)
 
     async def connect(self) -> Browser:
         self.sio.on("*", self._record, namespace=IDE_NAMESPACE)
         auth = {"token": self.token} if self.token else None
+        headers = {"Cookie": f"{LOGIN_COOKIE}={self.login}"} if self.login else {}
         await self.sio.connect(
-            self.url, namespaces=[IDE_NAMESPACE], auth=auth, transports=["websocket"]
+            self.url,
+            namespaces=[IDE_NAMESPACE],
+            auth=auth,
+            headers=headers,
+            transports=["websocket"],
         )
         return self
 
@@ -231,8 +260,9 @@ class Browser:
 async def browsers(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
     opened: list[Browser] = []
 
-    async def open_browser(token: str | None = None) -> Browser:
-        browser = await Browser(relay.url, token).connect()
+    async def open_browser(person: str | None = None) -> Browser:
+        """A browser of ``person`` (a new person of their own when None)."""
+        browser = await Browser(relay.url, await relay.people.token(person)).connect()
         opened.append(browser)
         return browser
 
@@ -283,6 +313,7 @@ def drone_hello(drone_id: str, concurrency: int = 1) -> dict[str, Any]:
     """The connect ``auth`` of a hand-driven drone client."""
     return {
         "token": DRONE_TOKEN,
+        "instance": f"instance-secret-of-{drone_id}",
         "droneId": drone_id,
         "name": drone_id.split("-")[0],
         "provider": "openai",

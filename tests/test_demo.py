@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
+from hangar.server.access import LOGIN_COOKIE
 from tests.conftest import HANGAR, ROOT, Browser
 
 
@@ -29,9 +30,9 @@ async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_pat
         url = found.group(1)
         async with aiohttp.ClientSession() as http, http.get(url) as page:
             assert page.status == 200
-            assert "hangar_identity" in page.cookies
+            login = page.cookies[LOGIN_COOKIE].value  # a visitor on this machine is let in
 
-        browser = await Browser(url.rstrip("/")).connect()
+        browser = await Browser(url.rstrip("/"), login=login).connect()
         drones = await browser.call("listDrones", {})
         assert [d["model"] for d in drones["drones"]] == ["hangar-demo"]
         ack = await browser.submit("Show me the demo")

@@ -28,11 +28,10 @@ from pydantic import ValidationError
 
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
-from hangar.server.identity import (
+from hangar.server.limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
     TOO_MANY_SUBMITS,
-    browser_identity,
 )
 from hangar.server.relay import Relay
 from hangar.server.store import TurnRecord
@@ -42,15 +41,15 @@ from hangar.shared.protocol import (
     DRONE_NAMESPACE,
     IDE_NAMESPACE,
     NO_ACTIVE_WORK_ORDER,
-    NOT_YOUR_TURN,
     PROGRESS,
     UNKNOWN_TURN,
     AbortWorkOrderRequest,
     Completion,
+    ListSessions,
     OpenSession,
     SubmitWorkOrder,
 )
-from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, eventually
+from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, eventually
 
 T = TypeVar("T")
 
@@ -59,9 +58,8 @@ ACK_TIMEOUT = 10.0
 TRANSPORT_BUDGET = 3_500_000
 """Generated messages stay below the 4 MB Engine.IO limit (past it the connection is dropped)."""
 EXAMPLES = 60
-FUZZ_TOKEN = "fuzzing-person-0123456789abcdefghijklmn"
-LIVE_TOKEN = "live-turn-person-0123456789abcdefghijk"
 DRONE_AUTH = {
+    "instance": "fuzz-drone-instance-secret",
     "token": DRONE_TOKEN,
     "droneId": "fuzz-1",
     "name": "fuzz",
@@ -72,12 +70,11 @@ GENERIC_FAILURE = "The relay could not handle that event."
 BROWSER_REFUSALS = {
     "Unknown session.",
     UNKNOWN_TURN,
-    NOT_YOUR_TURN,
     NO_ACTIVE_WORK_ORDER,
     TOO_MANY_ABORTS,
 }
 """Refusals of well-formed requests the fuzzing person may not make (as opposed to malformed)."""
-DRONE_REFUSALS = {UNKNOWN_TURN, NOT_YOUR_TURN, TURN_ENDED}
+DRONE_REFUSALS = {UNKNOWN_TURN, TURN_ENDED}
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]+$")
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -109,6 +106,8 @@ class Harness:
     live: TurnRecord | None = None
     """The live turn as stored before the fuzzing."""
     drone_calls: list[tuple[str, Any]] = field(default_factory=list)
+    people: People | None = None
+    fuzzer_id: str = ""
 
     def run(self, work: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         """Run ``work`` on the relay's loop and wait for its result."""
@@ -135,12 +134,16 @@ class Harness:
         await self.drone.connect(
             self.url, namespaces=[DRONE_NAMESPACE], auth=DRONE_AUTH, transports=["websocket"]
         )
-        self.watcher = await Browser(self.url, LIVE_TOKEN).connect()
+        self.people = People(self.relay.accounts)
+        self.watcher = await Browser(self.url, await self.people.token("watcher")).connect()
         ack = await self.watcher.submit("A turn that stays live", droneId="fuzz-1")
         assert ack["ok"] is True, ack
         self.live = await self.relay.store.get_turn(ack["turnId"])
         assert self.live is not None and self.live.status == "processing"
-        self.fuzzer = await Browser(self.url, FUZZ_TOKEN).connect()
+        self.fuzzer = await Browser(self.url, await self.people.token("fuzzer")).connect()
+        fuzzer = await self.relay.accounts.user("fuzzer")
+        assert fuzzer is not None
+        self.fuzzer_id = fuzzer.user_id
 
     async def close(self) -> None:
         for client in (self.fuzzer, self.watcher):
@@ -182,7 +185,7 @@ class Harness:
         store = self.relay.store
         assert self.fuzzer.sio.connected and self.watcher.sio.connected and self.drone.connected
         assert "fuzz-1" in self.relay.directory.local
-        assert await store.list_sessions(browser_identity({}, {"token": FUZZ_TOKEN})) == []
+        assert await store.list_sessions(self.fuzzer_id) == []
         assert await store.processing_turns() == [
             TurnRecord(**{**vars(self.live_turn), "messages": []})
         ]
@@ -203,7 +206,8 @@ class Harness:
         self.run(self._assert_still_serves())
 
     async def _assert_still_serves(self) -> None:
-        newcomer = await Browser(self.url).connect()
+        assert self.people is not None
+        newcomer = await Browser(self.url, await self.people.token()).connect()
         try:
             ack = await newcomer.submit("Still there?")
             assert ack["ok"] is True, ack
@@ -359,7 +363,7 @@ def browser_payloads(harness: Harness) -> dict[str, st.SearchStrategy[tuple[Any,
         ),
         "abortWorkOrder": arguments(either(near_valid({"turnId": ids, "sessionId": ids}))),
         "openSession": arguments(either(near_valid({"sessionId": ids}))),
-        "listSessions": arguments(json_values),
+        "listSessions": arguments(either(near_valid({"everyone": either(st.booleans())}))),
         "listDrones": arguments(json_values),
     }
 
@@ -474,7 +478,11 @@ def test_browser_events_answer_any_payload_and_change_nothing(fuzz: Harness, eve
             if valid(AbortWorkOrderRequest.model_validate, args):
                 assert not ack[1].startswith("Invalid payload"), ack
         elif event == "listSessions":
-            assert ack == {"ok": True, "sessions": []}
+            if valid(ListSessions.model_validate, args):
+                # Everyone's sessions only for admins: a member asking still sees only theirs.
+                assert ack == {"ok": True, "sessions": []}
+            else:
+                assert_error_ack(ack, set())
         elif event == "listDrones":
             assert isinstance(ack, dict) and ack["ok"] is True, ack
             assert [d["droneId"] for d in ack["drones"]] == ["fuzz-1"]
@@ -582,7 +590,12 @@ async def test_a_message_over_the_transport_limit_drops_only_that_connection(
 ) -> None:
     bystander: Browser = await browsers()
     client = socketio.AsyncClient(reconnection=False)
-    await client.connect(relay.url, namespaces=[IDE_NAMESPACE], transports=["websocket"])
+    await client.connect(
+        relay.url,
+        namespaces=[IDE_NAMESPACE],
+        auth={"token": await relay.people.token()},
+        transports=["websocket"],
+    )
     try:
         await client.emit("submitWorkOrder", {"prompt": "x" * 4_100_000}, namespace=IDE_NAMESPACE)
         await eventually(lambda: not client.connected, timeout=10, what="the drop")

@@ -103,7 +103,7 @@ async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
     tops = {name.split("/")[0] for name in names}
     assert tops == {"hangar", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "hangar/__init__.py" not in names  # a namespace others' hangar.* could join
-    for page_file in ("index.html", "app.js", "vendor/socket.io.esm.min.js"):
+    for page_file in ("index.html", "login.html", "app.js", "vendor/socket.io.esm.min.js"):
         assert f"hangar/web/{page_file}" in names
 
     site = tmp_path / "site"
@@ -111,6 +111,12 @@ async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
     log = tmp_path / "wheel-relay.log"
     env = {**os.environ, "PYTHONPATH": str(site), "HANGAR_WEB_DIR": ""}
     # Run from an empty folder: nothing of the checkout is on the path, only the wheel.
+    added = await asyncio.create_subprocess_exec(
+        *HANGAR, "user", "add", "wheelie", "--password-stdin", "--database", str(tmp_path / "w.db"),
+        cwd=tmp_path, env=env, stdin=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    await asyncio.wait_for(added.communicate(b"a wheel's password\n"), 30)
+    assert added.returncode == 0
     process = await start_logged(
         log,
         [*HANGAR, "serve", "--port", "0", "--database", str(tmp_path / "w.db"),
@@ -124,11 +130,14 @@ async def test_a_wheel_holds_only_the_hangar_namespace_and_serves_the_page(
             what="the relay from the wheel to listen",
         )
         base = url.group(1)
-        async with aiohttp.ClientSession() as http:
-            for path in ("/", "/static/app.js", "/static/vendor/socket.io.esm.min.js"):
+        # unsafe: keep cookies of an IP address host (127.0.0.1) as a browser does
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            for path in ("/login", "/static/app.js", "/static/vendor/socket.io.esm.min.js"):
                 async with http.get(base + path) as response:
                     assert response.status == 200, path
-            async with http.get(base + "/") as page:
+            form = {"username": "wheelie", "password": "a wheel's password"}
+            async with http.post(base + "/login", data=form) as page:
+                assert page.url.path == "/"
                 assert "<title>Hangar</title>" in await page.text()
     finally:
         await stop(process)

@@ -33,6 +33,7 @@ SAME_NAME = [
     "OPEN_SESSION",
     "LIST_DRONES",
     "HELLO",
+    "LOGGED_OUT",
     "TURN_STARTED",
     "WORK_ORDER_PROGRESS",
     "WORK_ORDER_COMPLETE",
@@ -41,6 +42,7 @@ SAME_NAME = [
     "ABORTED",
     "TOOL_CANCELLED",
     "MAX_PROMPT_CHARS",
+    "NOT_LOGGED_IN",
 ]
 
 # What Python's str.strip() removes and str.splitlines() splits on (whitespace too), plus

@@ -10,14 +10,17 @@ import subprocess
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 import socketio
 
 from bench.peers import OpenAIPeer, Reply
+from hangar.server.access import LOGIN_COOKIE
+from hangar.server.accounts import Accounts
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
-from tests.conftest import Browser, Upstream, drone_hello, eventually
+from tests.conftest import Browser, People, Upstream, drone_hello, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 Start = Callable[..., Any]
@@ -32,11 +35,13 @@ async def store(postgres_url: str) -> AsyncIterator[PostgresTurnStore]:
 
 
 @pytest.fixture
-async def open_browser() -> AsyncIterator[Callable[..., Any]]:
+async def open_browser(store: PostgresTurnStore) -> AsyncIterator[Callable[..., Any]]:
+    """A browser of a person (a new one of their own unless named) on the relay at ``url``."""
     opened: list[Browser] = []
+    people = People(Accounts(store))
 
-    async def connect(url: str, token: str | None = None) -> Browser:
-        browser = await Browser(url, token).connect()
+    async def connect(url: str, person: str | None = None) -> Browser:
+        browser = await Browser(url, await people.token(person)).connect()
         opened.append(browser)
         return browser
 
@@ -217,8 +222,7 @@ async def test_a_relay_restart_ends_orphaned_turns_and_keeps_those_a_live_drone_
     relay = await relay_processes(port=port, redis=False)
     openai_peer.script(SLOW)
     drone_process(Upstream("openai", openai_peer), server=relay.url)
-    token = "restart-person-token-0123456789abcdef"
-    browser: Browser = await open_browser(relay.url, token)
+    browser: Browser = await open_browser(relay.url, "restarting-person")
     await drones_seen_from(browser)
     ack = await browser.submit("Keep going")
     running = ack["turnId"]
@@ -233,7 +237,7 @@ async def test_a_relay_restart_ends_orphaned_turns_and_keeps_those_a_live_drone_
     await relay.process.wait()
     await browser.close()
     relay = await relay_processes(port=port, redis=False)
-    browser = await open_browser(relay.url, token)
+    browser = await open_browser(relay.url, "restarting-person")
     await drones_seen_from(browser)
     reopened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
     assert [t["status"] for t in reopened["turns"]] == ["processing"]
@@ -351,3 +355,39 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+async def test_a_login_on_one_relay_works_on_another(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    await Accounts(store).add_user("ada", "correct horse battery staple")
+    # unsafe: keep cookies of an IP address host (127.0.0.1) as a browser does
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        form = {"username": "ada", "password": "correct horse battery staple"}
+        async with http.post(a.url + "/login", data=form, allow_redirects=False) as answer:
+            assert answer.status == 303
+            login = answer.cookies[LOGIN_COOKIE].value
+    openai_peer.script(SLOW)
+    drone_process(Upstream("openai", openai_peer), server=a.url)
+    on_b = await Browser(b.url, login=login).connect()
+    on_a: Browser | None = None
+    try:
+        await drones_seen_from(on_b)
+        ack = await on_b.submit("Started through relay B")
+        await on_b.wait_text(ack["turnId"], pieces=2, timeout=10)
+
+        on_a = await Browser(a.url, login=login).connect()
+        listed = (await on_a.call("listSessions", {}))["sessions"]
+        assert [(s["sessionId"], s["processingTurnId"]) for s in listed] == [
+            (ack["sessionId"], ack["turnId"])
+        ]
+        assert await on_a.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+        assert await on_b.completion(ack["turnId"], timeout=10) == (ack["turnId"], True, "aborted")
+    finally:
+        await on_b.close()
+        if on_a is not None:
+            await on_a.close()

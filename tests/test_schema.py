@@ -28,7 +28,9 @@ class Schema:
     columns: dict[str, list[tuple[str, bool]]]
     """Each table's columns in order, with whether they may be NULL."""
     indexes: dict[str, Index]
-    """Named indexes (not the ones primary keys make)."""
+    """Named indexes (not the ones primary keys and UNIQUE constraints make)."""
+    unique: set[tuple[str, tuple[str, ...]]]
+    """UNIQUE constraints: table and columns."""
 
 
 def _predicate(sql: str | None) -> str | None:
@@ -63,7 +65,13 @@ def sqlite_schema(path: Path) -> Schema:
             cols = tuple(row[2] for row in db.execute(f"PRAGMA index_info({name})"))
             unique = bool(re.match(r"\s*CREATE\s+UNIQUE", sql, re.IGNORECASE))
             indexes[name] = Index(table, cols, unique, _predicate(sql))
-        return Schema(columns, indexes)
+        constraints = set()
+        for table in tables:
+            for _, name, _, origin, _ in db.execute(f"PRAGMA index_list({table})"):
+                if origin == "u":
+                    cols = tuple(row[2] for row in db.execute(f"PRAGMA index_info({name})"))
+                    constraints.add((table, cols))
+        return Schema(columns, indexes, constraints)
     finally:
         db.close()
 
@@ -83,19 +91,30 @@ async def postgres_schema(url: str) -> Schema:
         indexes = {}
         for row in await db.fetch(
             "SELECT i.relname AS name, t.relname AS table, ix.indisunique AS unique,"
-            " ix.indisprimary AS primary, pg_get_indexdef(ix.indexrelid) AS sql,"
+            " pg_get_indexdef(ix.indexrelid) AS sql,"
             " array(SELECT a.attname FROM unnest(ix.indkey) WITH ORDINALITY AS k(n, o)"
             "       JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.n"
             "       ORDER BY k.o) AS cols"
             " FROM pg_index ix JOIN pg_class i ON i.oid = ix.indexrelid"
             " JOIN pg_class t ON t.oid = ix.indrelid JOIN pg_namespace s ON s.oid = t.relnamespace"
             " WHERE s.nspname = 'public' AND t.relname <> 'hangar_schema'"
+            " AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = ix.indexrelid)"
         ):
-            if not row["primary"]:
-                indexes[row["name"]] = Index(
-                    row["table"], tuple(row["cols"]), row["unique"], _predicate(row["sql"])
-                )
-        return Schema(columns, indexes)
+            indexes[row["name"]] = Index(
+                row["table"], tuple(row["cols"]), row["unique"], _predicate(row["sql"])
+            )
+        constraints = {
+            (row["table"], tuple(row["cols"]))
+            for row in await db.fetch(
+                "SELECT t.relname AS table, array(SELECT a.attname FROM unnest(c.conkey)"
+                " WITH ORDINALITY AS k(n, o) JOIN pg_attribute a ON a.attrelid = t.oid"
+                " AND a.attnum = k.n ORDER BY k.o) AS cols"
+                " FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid"
+                " JOIN pg_namespace s ON s.oid = t.relnamespace"
+                " WHERE c.contype = 'u' AND s.nspname = 'public'"
+            )
+        }
+        return Schema(columns, indexes, constraints)
     finally:
         await db.close()
 
@@ -112,6 +131,7 @@ async def test_both_stores_migrate_to_the_same_schema(tmp_path: Path, postgres_u
 
     assert lite.columns == pg.columns
     assert lite.indexes == pg.indexes
+    assert lite.unique == pg.unique == {("users", ("name",))}
     assert "turns_processing" in lite.indexes and "one_processing_turn" in lite.indexes
 
 

@@ -237,13 +237,12 @@ async def test_a_snapshot_mid_stream_plus_later_deltas_rebuilds_the_text_exactly
 ) -> None:
     openai_peer.script(Reply(chunks=[f"c{i} " for i in range(400)], delay=0.002))
     await start_drone(Upstream("openai", openai_peer))
-    token = "snapshot-person-token-0123456789abcdef"
-    writer: Browser = await browsers(token)
+    writer: Browser = await browsers("snapshot-person")
     ack = await writer.submit("Stream fast")
     await writer.wait_text(ack["turnId"], pieces=20)
     readers: list[tuple[Browser, dict[str, Any]]] = []
     for _ in range(5):
-        reader: Browser = await browsers(token)
+        reader: Browser = await browsers("snapshot-person")
         opened = await reader.call("openSession", {"sessionId": ack["sessionId"]})
         readers.append((reader, opened["turns"][0]))
 

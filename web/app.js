@@ -1,5 +1,6 @@
 // Hangar's page: its state, and the wiring of the relay's events to the sidebar, turns and controls.
 
+import { watchAccount } from "./account.js";
 import { createControls } from "./controls.js";
 import { createConversation } from "./conversation.js";
 import { createDronePicker } from "./drones.js";
@@ -19,6 +20,8 @@ const state = {
   drones: [],
   /** The person's sessions (SessionView). */
   sessions: [],
+  /** Whether the sidebar lists everyone's sessions (admins only). */
+  everyone: false,
   /** The open session, or null for "new session" (the next submit creates one). */
   currentSessionId: readHashSession(),
   /** The session whose snapshot is awaited, or null. */
@@ -62,8 +65,10 @@ socket.on(DRONES, (list) => {
 });
 
 socket.on(SESSIONS, (list) => {
-  if (Array.isArray(list)) sessions.set(list);
+  if (Array.isArray(list)) sessions.changed(list);
 });
+
+watchAccount((user) => sessions.allowEveryone(user.admin));
 
 socket.on(TURN_STARTED, (view) => {
   if (view?.turnId) conversation.upsertTurn(view, { fromStart: true });

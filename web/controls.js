@@ -59,7 +59,13 @@ export function createControls(state, { conversation, sessions, drones }) {
     cancel.disabled = processing && abort.phase !== "idle";
     cancel.hidden = !processing;
     submit.hidden = processing;
-    submit.disabled = submitting;
+    // An admin may watch and abort someone else's session, not write in it.
+    const owner = state.sessions.find((s) => s.sessionId === state.currentSessionId)?.ownerName;
+    prompt.disabled = Boolean(owner);
+    prompt.placeholder = owner
+      ? `${owner}'s session: you can watch and abort its turns, not add to it.`
+      : "Ask something…";
+    submit.disabled = submitting || Boolean(owner);
     form.dataset.state = processing ? "processing" : "idle";
     escHint.hidden = !processing;
     if (hadFocus && (document.activeElement === document.body || document.activeElement === null)) {

@@ -10,6 +10,7 @@ export const OPEN_SESSION = "openSession";
 export const LIST_DRONES = "listDrones";
 // relay -> browser
 export const HELLO = "hello";
+export const LOGGED_OUT = "loggedOut";
 export const TURN_STARTED = "turnStarted";
 export const WORK_ORDER_PROGRESS = "workOrderProgress";
 export const WORK_ORDER_COMPLETE = "workOrderComplete";
@@ -26,6 +27,9 @@ export const ABORTED = "aborted";
 export const TOOL_CANCELLED = "Tool execution was cancelled by user.";
 
 export const MAX_PROMPT_CHARS = 100_000;
+
+/** Why the relay refuses a connection at connect: the person must log in (at /login). */
+export const NOT_LOGGED_IN = "Log in to continue.";
 
 export const TURN_STATUSES = Object.freeze(["processing", "finished", "aborted", "error"]);
 

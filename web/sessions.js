@@ -23,7 +23,34 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   const list = byId("sessions");
   const emptyHint = byId("sessions-empty");
   const heading = byId("session-title");
+  const ownerLine = byId("session-owner");
+  const scope = byId("sessions-scope");
   let openSeq = 0;
+
+  /** An admin may list everyone's sessions; the choice is kept in `state.everyone`. */
+  function allowEveryone(admin) {
+    scope.hidden = !admin;
+    if (!admin && state.everyone) chooseScope(false);
+  }
+
+  function chooseScope(everyone) {
+    state.everyone = everyone;
+    for (const option of scope.querySelectorAll("button")) {
+      option.setAttribute("aria-pressed", String((option.dataset.scope === "everyone") === everyone));
+    }
+    load();
+  }
+
+  scope.addEventListener("click", (event) => {
+    const option = event.target.closest("button[data-scope]");
+    if (option) chooseScope(option.dataset.scope === "everyone");
+  });
+
+  /** The relay's own-sessions update; in the everyone view, ask for the whole list again. */
+  function changed(sessions) {
+    if (state.everyone) load();
+    else set(sessions);
+  }
 
   function set(sessions) {
     state.sessions = sessions.filter((s) => s && s.sessionId);
@@ -78,6 +105,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
         h(
           "span",
           { class: "session-meta" },
+          s.ownerName ? h("span", { class: "session-owner-tag" }, s.ownerName) : null,
           working ? h("span", { class: "session-working", title: "Working" }, "working") : null,
           h("span", { class: "session-time" }, formatTime(s.createdAt)),
         ),
@@ -92,6 +120,8 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     const current = state.sessions.find((s) => s.sessionId === state.currentSessionId);
     const title = state.currentSessionId ? current?.title || "Session" : "New session";
     heading.textContent = title;
+    ownerLine.textContent = current?.ownerName ? `${current.ownerName}'s session` : "";
+    ownerLine.hidden = !current?.ownerName;
     document.title = `${title} · Hangar`;
   }
 
@@ -161,7 +191,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
 
   async function load() {
     try {
-      const [res] = await request(LIST_SESSIONS, {});
+      const [res] = await request(LIST_SESSIONS, state.everyone ? { everyone: true } : {});
       if (res?.ok && Array.isArray(res.sessions)) set(res.sessions);
     } catch {
       /* the next `sessions` event or reconnect will fill it in */
@@ -176,5 +206,16 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   });
   byId("new-session").addEventListener("click", startNew);
 
-  return { set, markProcessing, markIdle, render, renderHeader, open, load, adopt };
+  return {
+    set,
+    changed,
+    allowEveryone,
+    markProcessing,
+    markIdle,
+    render,
+    renderHeader,
+    open,
+    load,
+    adopt,
+  };
 }

@@ -1,7 +1,7 @@
 // The relay connection: one socket.io socket on /ide, acknowledged requests, and the #connection badge.
 
 import { io } from "/static/vendor/socket.io.esm.min.js";
-import { HELLO, IDE_NAMESPACE } from "./protocol.js";
+import { IDE_NAMESPACE, LOGGED_OUT, NOT_LOGGED_IN } from "./protocol.js";
 import { byId, toast } from "./ui.js";
 
 const ACK_TIMEOUT_MS = 15000;
@@ -16,6 +16,12 @@ export function request(event, payload) {
       else resolve(args);
     });
   });
+}
+
+/** The login ended (logged out elsewhere, expired, revoked): log in again. */
+function goToLogin() {
+  socket.disconnect();
+  location.assign("/login");
 }
 
 /** Keep the badge in step with the socket; `onConnect` runs after every (re)connect. */
@@ -43,6 +49,10 @@ export function watchConnection(onConnect) {
   });
 
   socket.on("connect_error", (err) => {
+    if (err?.message === NOT_LOGGED_IN) {
+      goToLogin();
+      return;
+    }
     if (socket.active) {
       show("reconnecting", "Reconnecting…");
     } else {
@@ -62,10 +72,7 @@ export function watchConnection(onConnect) {
     socket.connect();
   });
 
-  socket.on(HELLO, (payload) => {
-    const browserId = payload?.browserId ?? null;
-    badge.title = browserId ? `Browser ${browserId}` : "";
-  });
+  socket.on(LOGGED_OUT, goToLogin);
 
   show("reconnecting", "Connecting…");
 }

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from hangar.server.access import LOGIN_COOKIE
+from hangar.server.accounts import Role
 from tests.conftest import ROOT, RelayHandle, ci
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -68,6 +70,14 @@ def pytest_runtest_makereport(
 def _failed(request: pytest.FixtureRequest) -> bool:
     reports = request.node.stash.get(_REPORTS, {})
     return any(report.failed for report in reports.values())
+
+
+async def log_in(page: Any, relay: RelayHandle, person: str, role: Role = "member") -> None:
+    """Give the page's browser a login of ``person`` (made on first use), as /login would."""
+    accounts = relay.relay.accounts
+    user = await accounts.user(person) or await accounts.add_user(person, None, role)
+    token = await accounts.log_in(user)
+    await page.context.add_cookies([{"name": LOGIN_COOKIE, "value": token, "url": relay.url}])
 
 
 def artifact(name: str) -> Path:

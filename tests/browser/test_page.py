@@ -16,7 +16,7 @@ from playwright.async_api import Locator, Page, expect
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import NO_ACTIVE_WORK_ORDER
-from tests.browser.conftest import artifact
+from tests.browser.conftest import artifact, log_in
 from tests.conftest import RelayHandle, Upstream
 
 pytestmark = pytest.mark.browser
@@ -32,8 +32,9 @@ def has_class(name: str) -> re.Pattern[str]:
     return re.compile(rf"(^|\s){re.escape(name)}(\s|$)")
 
 
-async def open_hangar(page: Page, relay: RelayHandle) -> None:
-    """Load the page (which sets the identity cookie) and wait for the socket to connect."""
+async def open_hangar(page: Page, relay: RelayHandle, person: str = "tester") -> None:
+    """Log ``person`` in, load the page and wait for the socket to connect."""
+    await log_in(page, relay, person)
     await page.goto(relay.url + "/")
     await expect(page.locator("#connection")).to_have_attribute(
         "data-state", "connected", timeout=WAIT_MS

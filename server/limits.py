@@ -1,41 +1,19 @@
-"""Who a browser connection is, and the limits every connection's input is held to."""
+"""The limits every connection's input is held to, and the sentences that refuse it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-import secrets
 import time
-from http.cookies import SimpleCookie
 from typing import Any
 
 from pydantic import ValidationError
 
 from hangar.shared.protocol import describe
 
-IDENTITY_COOKIE = "hangar_identity"
 MAX_EVENT_BYTES = 1_000_000
 """Largest browser event payload answered normally; bigger ones get an error ack."""
 TOO_MANY_SUBMITS = "Too many work orders at once; try again in a few seconds."
 TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
-
-
-def browser_identity(environ: dict[str, Any], auth: Any) -> str:
-    """The owner id of a browser connection.
-
-    A secret token (socket.io ``auth.token``, else the identity cookie the page set) names the
-    person; a connection with neither gets a fresh identity of its own.
-    """
-    token = auth.get("token") if isinstance(auth, dict) else None
-    if not (isinstance(token, str) and _TOKEN.match(token)):
-        cookie = SimpleCookie(environ.get("HTTP_COOKIE", ""))
-        morsel = cookie.get(IDENTITY_COOKIE)
-        token = morsel.value if morsel and _TOKEN.match(morsel.value) else None
-    if token is None:
-        token = secrets.token_urlsafe(32)
-    return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 class PayloadError(ValueError):

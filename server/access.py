@@ -1,0 +1,224 @@
+"""Who may use a relay: its own origins only, people who logged in, scripts with an API token.
+
+- **Origins.** A browser request (page form or socket.io, websocket and polling alike) that
+  carries an ``Origin`` is refused unless the origin is the relay's own (the scheme and ``Host``
+  it was reached at) or one given with ``--allowed-origin``. Requests without one (scripts,
+  drones) are not browsers' and pass on to authentication.
+- **Logins.** ``/login`` takes a user name and password and sets an HttpOnly, SameSite=Lax
+  session cookie (Secure over HTTPS) naming a server-side login that expires; ``POST /logout``
+  ends it. Failed logins are limited per user name and per address; every refusal says the same.
+- **Demo.** A relay started by ``hangar demo`` on a loopback address logs a local visitor in as
+  its demo user, and the page says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any, Literal
+
+from aiohttp import web
+
+from .accounts import API_TOKEN_PREFIX, LOGIN_SECONDS, Accounts, Revocation, User, token_hash
+
+log = logging.getLogger("hangar.relay")
+
+LOGIN_COOKIE = "hangar_login"
+BAD_LOGIN = "Wrong user name or password."
+TOO_MANY_LOGINS = "Too many failed logins; try again in a few minutes."
+FOREIGN_ORIGIN = "Requests from other sites are refused."
+ERROR_MARK = "<!--login-error-->"
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What a connection proved: a person, by a login (cookie) or an API token."""
+
+    user: User
+    kind: Literal["login", "token"]
+    hashed: str
+    """The login's or token's hash, as revocations name it."""
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Access:
+    def __init__(
+        self, accounts: Accounts, allowed_origins: list[str], demo_user: str | None = None
+    ) -> None:
+        self.accounts = accounts
+        self.allowed_origins = {origin.rstrip("/") for origin in allowed_origins}
+        self.demo_user = demo_user
+        """The user a loopback visitor is logged in as, on a demo relay."""
+
+    # ---- origins
+
+    def origin_allowed(self, origin: str | None, environ: dict[str, Any]) -> bool:
+        """python-engineio's ``cors_allowed_origins`` check, for every socket.io request."""
+        if not origin:
+            return True
+        own = f"{environ.get('wsgi.url_scheme', 'http')}://{environ.get('HTTP_HOST', '')}"
+        return origin == own or origin in self.allowed_origins
+
+    def _request_origin_allowed(self, request: web.Request) -> bool:
+        origin = request.headers.get("Origin")
+        if not origin or (origin == "null" and request.method == "GET"):
+            return True
+        return origin == f"{request.scheme}://{request.host}" or origin in self.allowed_origins
+
+    # ---- who a connection is
+
+    async def browser(self, environ: dict[str, Any], auth: Any) -> Credential | None:
+        """The person a socket.io connection belongs to, or None (refused)."""
+        token = auth.get("token") if isinstance(auth, dict) else None
+        if isinstance(token, str) and token.startswith(API_TOKEN_PREFIX):
+            user = await self.accounts.api_token_user(token)
+            return Credential(user, "token", token_hash(token)) if user else None
+        cookie = SimpleCookie(environ.get("HTTP_COOKIE", "")).get(LOGIN_COOKIE)
+        return await self._login(cookie.value) if cookie is not None else None
+
+    async def _login(self, token: str) -> Credential | None:
+        user = await self.accounts.logged_in(token)
+        return Credential(user, "login", token_hash(token)) if user else None
+
+    async def _request_login(self, request: web.Request) -> Credential | None:
+        token = request.cookies.get(LOGIN_COOKIE)
+        return await self._login(token) if token else None
+
+    # ---- routes
+
+    def add_routes(self, app: web.Application, page_dir: Path) -> None:
+        async def index(request: web.Request) -> web.StreamResponse:
+            page = page_dir / "index.html"
+            if not page.exists():
+                return web.Response(text="Hangar relay is running; the web page is not installed.")
+            response = web.FileResponse(page, headers={"Cache-Control": "no-cache"})
+            if await self._request_login(request) is not None:
+                return response
+            demo = await self._demo_login(request)
+            if demo is None:
+                raise web.HTTPSeeOther("/login")
+            self._set_cookie(request, response, demo)
+            return response
+
+        async def login_page(request: web.Request) -> web.StreamResponse:
+            if await self._request_login(request) is not None:
+                raise web.HTTPSeeOther("/")
+            return self._login_page(page_dir)
+
+        async def login(request: web.Request) -> web.StreamResponse:
+            if not self._request_origin_allowed(request):
+                raise web.HTTPForbidden(text=FOREIGN_ORIGIN)
+            form = await request.post()
+            name, password = form.get("username"), form.get("password")
+            if not isinstance(name, str) or not isinstance(password, str):
+                return self._login_page(page_dir, BAD_LOGIN, 400)
+            keys = (f"user:{name.strip().lower()}", f"address:{request.remote}")
+            if await self.accounts.login_refused(*keys):
+                log.info("login refused (too many failures) user=%r", name[:64])
+                return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
+            user = await self.accounts.check_password(name.strip(), password)
+            if user is None:
+                await self.accounts.login_failed(*keys)
+                log.info("login failed user=%r address=%s", name[:64], request.remote)
+                return self._login_page(page_dir, BAD_LOGIN, 401, name)
+            await self.accounts.login_succeeded(keys[0])
+            response = web.HTTPSeeOther("/")
+            self._set_cookie(request, response, await self.accounts.log_in(user))
+            log.info("login user=%s", user.name)
+            raise response
+
+        async def logout(request: web.Request) -> web.StreamResponse:
+            if not self._request_origin_allowed(request):
+                raise web.HTTPForbidden(text=FOREIGN_ORIGIN)
+            token = request.cookies.get(LOGIN_COOKIE)
+            if token:
+                await self.accounts.log_out(token)
+            response = web.HTTPSeeOther("/login")
+            response.del_cookie(LOGIN_COOKIE, path="/")
+            raise response
+
+        app.router.add_get("/", index)
+        app.router.add_get("/login", login_page)
+        app.router.add_post("/login", login)
+        app.router.add_post("/logout", logout)
+
+    def _login_page(
+        self, page_dir: Path, error: str | None = None, status: int = 200, name: str = ""
+    ) -> web.Response:
+        """The login form; after a refusal, with its message and the name given kept."""
+        page = (page_dir / "login.html").read_text()
+        if error:
+            notice = f'<p class="login-error" role="alert">{html.escape(error)}</p>'
+            page = page.replace(ERROR_MARK, notice)
+        if name:
+            page = page.replace(
+                'name="username" value=""', f'name="username" value="{html.escape(name[:64])}"'
+            ).replace(" required autofocus />", " required />", 1)
+            page = page.replace(
+                'autocomplete="current-password" required />',
+                'autocomplete="current-password" required autofocus />',
+            )
+        return web.Response(
+            text=page,
+            status=status,
+            content_type="text/html",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _demo_login(self, request: web.Request) -> str | None:
+        """A login token for the demo user, for a visitor on this machine; else None."""
+        if self.demo_user is None or not is_loopback(request.remote or ""):
+            return None
+        user = await self.accounts.user(self.demo_user)
+        if user is None:
+            user = await self.accounts.add_user(self.demo_user, None, "admin")
+        return await self.accounts.log_in(user)
+
+    def _set_cookie(self, request: web.Request, response: web.StreamResponse, token: str) -> None:
+        secure = request.secure or request.headers.get("X-Forwarded-Proto") == "https"
+        response.set_cookie(
+            LOGIN_COOKIE,
+            token,
+            max_age=LOGIN_SECONDS,
+            path="/",
+            httponly=True,
+            samesite="Lax",
+            secure=secure,
+        )
+
+
+REVOCATION_POLL = 0.5
+"""How often a relay looks for revoked logins, tokens, people and drones (seconds)."""
+
+Listener = Callable[[Revocation], Awaitable[None]]
+
+
+async def follow_revocations(accounts: Accounts, listeners: list[Listener]) -> None:
+    """Tell ``listeners`` of every revocation from now on, whichever relay or command made it."""
+    last = await accounts.last_revocation()
+    while True:
+        await asyncio.sleep(REVOCATION_POLL)
+        try:
+            revocations = await accounts.revocations_after(last)
+        except Exception:
+            log.exception("reading revocations failed")
+            continue
+        for revocation in revocations:
+            last = revocation.revocation_id
+            for listener in listeners:
+                try:
+                    await listener(revocation)
+                except Exception:
+                    log.exception("acting on a revocation failed")

@@ -1,0 +1,357 @@
+"""People and what proves who is connecting: accounts (admin or member), login sessions,
+personal API tokens, drone tokens, failed-login limits, and the revocations every relay follows.
+
+Secrets are stored only as SHA-256 hashes (a token) or argon2 hashes (a password, through
+argon2-cffi, off the event loop: one hash costs ~0.1 s). The SQL is written once, for both
+databases (``Database``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+
+from hangar.shared.protocol import DRONE_NAME_PATTERN, DRONE_TOKEN_PREFIX, drone_name_of
+
+from .store import Database
+
+Role = Literal["admin", "member"]
+USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+DRONE_NAME = re.compile(DRONE_NAME_PATTERN)
+LOGIN_SECONDS = 14 * 24 * 3600
+"""How long a login lasts."""
+FAILURE_WINDOW = 15 * 60
+MAX_USER_FAILURES = 5
+"""Failed logins for one user name within ``FAILURE_WINDOW`` before it is refused."""
+MAX_ADDRESS_FAILURES = 20
+"""Failed logins from one address within ``FAILURE_WINDOW`` before it is refused."""
+API_TOKEN_PREFIX = "hgt_"
+_HASHER = PasswordHasher()
+
+
+class AccountError(Exception):
+    """A command cannot be done; the message is a sentence for the person."""
+
+
+@dataclass(frozen=True)
+class User:
+    user_id: str
+    name: str
+    role: Role
+    created_at: float
+    has_password: bool
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+    def may_see(self, owner: str) -> bool:
+        """Whether this person may see and abort what ``owner`` owns."""
+        return self.admin or owner == self.user_id
+
+
+@dataclass(frozen=True)
+class DroneToken:
+    name: str
+    created_at: float
+    revoked_at: float | None
+
+
+@dataclass(frozen=True)
+class Revocation:
+    revocation_id: int
+    kind: Literal["login", "token", "user", "drone"]
+    revoked: str
+    """The login's or token's hash, the user's id, or the drone's name."""
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Accounts:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # ---- people
+
+    async def add_user(self, name: str, password: str | None, role: Role = "member") -> User:
+        if not USER_NAME.match(name):
+            raise AccountError(
+                "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
+                "letter or digit."
+            )
+        if await self.user(name) is not None:
+            raise AccountError(f"A user named {name!r} already exists.")
+        hashed = await _hash(password) if password is not None else None
+        user = User(f"u_{secrets.token_hex(8)}", name, role, time.time(), hashed is not None)
+        await self.db.execute(
+            "INSERT INTO users (user_id, name, password_hash, role, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            user.user_id,
+            name,
+            hashed,
+            role,
+            user.created_at,
+        )
+        return user
+
+    async def users(self) -> list[User]:
+        rows = await self.db.fetch("SELECT * FROM users ORDER BY name")
+        return [_user(row) for row in rows]
+
+    async def user(self, name: str) -> User | None:
+        rows = await self.db.fetch("SELECT * FROM users WHERE name = ?", name)
+        return _user(rows[0]) if rows else None
+
+    async def user_by_id(self, user_id: str) -> User | None:
+        rows = await self.db.fetch("SELECT * FROM users WHERE user_id = ?", user_id)
+        return _user(rows[0]) if rows else None
+
+    async def names(self, user_ids: set[str]) -> dict[str, str]:
+        """The names of the people with these ids (those that still exist)."""
+        if not user_ids:
+            return {}
+        marks = ",".join("?" for _ in user_ids)
+        rows = await self.db.fetch(
+            f"SELECT user_id, name FROM users WHERE user_id IN ({marks})", *user_ids
+        )
+        return {row["user_id"]: row["name"] for row in rows}
+
+    async def remove_user(self, name: str) -> bool:
+        user = await self.user(name)
+        if user is None:
+            return False
+        await self.db.execute("DELETE FROM users WHERE user_id = ?", user.user_id)
+        await self._revoke("user", user.user_id)
+        return True
+
+    async def set_password(self, name: str, password: str) -> None:
+        """Set the password and end every login of the person (other devices included)."""
+        user = await self.user(name)
+        if user is None:
+            raise AccountError(f"There is no user named {name!r}.")
+        hashed = await _hash(password)
+        await self.db.execute(
+            "UPDATE users SET password_hash = ? WHERE user_id = ?", hashed, user.user_id
+        )
+        for row in await self.db.fetch(
+            "SELECT token_hash FROM logins WHERE user_id = ?", user.user_id
+        ):
+            await self._end_login(row["token_hash"])
+
+    async def check_password(self, name: str, password: str) -> User | None:
+        """The person, if the password is theirs. Takes as long for an unknown name."""
+        rows = await self.db.fetch("SELECT * FROM users WHERE name = ?", name)
+        stored = rows[0]["password_hash"] if rows else None
+        if not await _verify(stored or _dummy_hash(), password) or stored is None:
+            return None
+        return _user(rows[0])
+
+    # ---- logins (the page's session cookie)
+
+    async def log_in(self, user: User, seconds: float = LOGIN_SECONDS) -> str:
+        token = secrets.token_urlsafe(32)
+        now = time.time()
+        await self.db.execute("DELETE FROM logins WHERE expires_at < ?", now)
+        await self.db.execute(
+            "INSERT INTO logins (token_hash, user_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+            token_hash(token),
+            user.user_id,
+            now,
+            now + seconds,
+        )
+        return token
+
+    async def logged_in(self, token: str) -> User | None:
+        """The person a login token (the session cookie) belongs to, if it is still valid."""
+        rows = await self.db.fetch(
+            "SELECT users.* FROM logins JOIN users ON users.user_id = logins.user_id"
+            " WHERE logins.token_hash = ? AND logins.expires_at > ?",
+            token_hash(token),
+            time.time(),
+        )
+        return _user(rows[0]) if rows else None
+
+    async def log_out(self, token: str) -> None:
+        await self._end_login(token_hash(token))
+
+    async def _end_login(self, hashed: str) -> None:
+        if await self.db.execute("DELETE FROM logins WHERE token_hash = ?", hashed):
+            await self._revoke("login", hashed)
+
+    # ---- personal API tokens (socket.io ``auth.token`` for scripts)
+
+    async def create_api_token(self, name: str, label: str = "") -> str:
+        user = await self.user(name)
+        if user is None:
+            raise AccountError(f"There is no user named {name!r}.")
+        token = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        await self.db.execute(
+            "INSERT INTO api_tokens (token_hash, user_id, label, created_at) VALUES (?, ?, ?, ?)",
+            token_hash(token),
+            user.user_id,
+            label,
+            time.time(),
+        )
+        return token
+
+    async def api_token_user(self, token: str) -> User | None:
+        rows = await self.db.fetch(
+            "SELECT users.* FROM api_tokens JOIN users ON users.user_id = api_tokens.user_id"
+            " WHERE api_tokens.token_hash = ?",
+            token_hash(token),
+        )
+        return _user(rows[0]) if rows else None
+
+    async def revoke_api_tokens(self, name: str) -> int:
+        """Revoke every API token of the person; returns how many there were."""
+        user = await self.user(name)
+        if user is None:
+            raise AccountError(f"There is no user named {name!r}.")
+        rows = await self.db.fetch(
+            "SELECT token_hash FROM api_tokens WHERE user_id = ?", user.user_id
+        )
+        for row in rows:
+            await self.db.execute("DELETE FROM api_tokens WHERE token_hash = ?", row["token_hash"])
+            await self._revoke("token", row["token_hash"])
+        return len(rows)
+
+    # ---- drone tokens
+
+    async def create_drone_token(self, name: str) -> str:
+        if not DRONE_NAME.match(name):
+            raise AccountError(
+                "A drone name is 1-64 letters, digits, '_' or '-', starting with a letter or digit."
+            )
+        rows = await self.db.fetch("SELECT revoked_at FROM drone_tokens WHERE name = ?", name)
+        if rows and rows[0]["revoked_at"] is None:
+            raise AccountError(f"The drone {name!r} has a token already; revoke it first.")
+        token = f"{DRONE_TOKEN_PREFIX}{name}.{secrets.token_urlsafe(32)}"
+        await self.db.execute("DELETE FROM drone_tokens WHERE name = ?", name)
+        await self.db.execute(
+            "INSERT INTO drone_tokens (name, token_hash, created_at) VALUES (?, ?, ?)",
+            name,
+            token_hash(token),
+            time.time(),
+        )
+        return token
+
+    async def drone_tokens(self) -> list[DroneToken]:
+        rows = await self.db.fetch("SELECT * FROM drone_tokens ORDER BY name")
+        return [DroneToken(r["name"], r["created_at"], r["revoked_at"]) for r in rows]
+
+    async def revoke_drone_token(self, name: str) -> bool:
+        changed = await self.db.execute(
+            "UPDATE drone_tokens SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+            time.time(),
+            name,
+        )
+        if changed:
+            await self._revoke("drone", name)
+        return bool(changed)
+
+    async def drone_of(self, token: str) -> str | None:
+        """The drone a drone token proves, if the token is valid and not revoked."""
+        name = drone_name_of(token)
+        if name is None:
+            return None
+        rows = await self.db.fetch(
+            "SELECT token_hash FROM drone_tokens WHERE name = ? AND revoked_at IS NULL", name
+        )
+        if rows and hmac.compare_digest(rows[0]["token_hash"], token_hash(token)):
+            return name
+        return None
+
+    # ---- failed logins
+
+    async def login_refused(self, *keys: str) -> bool:
+        """Whether any of ``keys`` (a user name's, an address's) has failed too often lately."""
+        since = time.time() - FAILURE_WINDOW
+        for key in keys:
+            rows = await self.db.fetch(
+                "SELECT failures FROM login_failures WHERE failure_key = ? AND since > ?",
+                key,
+                since,
+            )
+            limit = MAX_ADDRESS_FAILURES if key.startswith("address:") else MAX_USER_FAILURES
+            if rows and rows[0]["failures"] >= limit:
+                return True
+        return False
+
+    async def login_failed(self, *keys: str) -> None:
+        now = time.time()
+        for key in keys:
+            changed = await self.db.execute(
+                "UPDATE login_failures SET failures = failures + 1"
+                " WHERE failure_key = ? AND since > ?",
+                key,
+                now - FAILURE_WINDOW,
+            )
+            if not changed:
+                await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", key)
+                await self.db.execute(
+                    "INSERT INTO login_failures (failure_key, failures, since) VALUES (?, 1, ?)",
+                    key,
+                    now,
+                )
+
+    async def login_succeeded(self, key: str) -> None:
+        await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", key)
+
+    # ---- revocations
+
+    async def revocations_after(self, revocation_id: int) -> list[Revocation]:
+        rows = await self.db.fetch(
+            "SELECT * FROM revocations WHERE revocation_id > ? ORDER BY revocation_id",
+            revocation_id,
+        )
+        return [Revocation(r["revocation_id"], r["kind"], r["revoked"]) for r in rows]
+
+    async def last_revocation(self) -> int:
+        rows = await self.db.fetch("SELECT max(revocation_id) AS last FROM revocations")
+        return int(rows[0]["last"] or 0)
+
+    async def _revoke(self, kind: str, revoked: str) -> None:
+        now = time.time()
+        await self.db.execute("DELETE FROM revocations WHERE at < ?", now - 24 * 3600)
+        await self.db.execute(
+            "INSERT INTO revocations (kind, revoked, at) VALUES (?, ?, ?)", kind, revoked, now
+        )
+
+
+def _user(row: dict[str, Any]) -> User:
+    has_password = row["password_hash"] is not None
+    return User(row["user_id"], row["name"], row["role"], row["created_at"], has_password)
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """What an unknown name's password is checked against, so it takes as long."""
+    return _HASHER.hash(secrets.token_urlsafe(16))
+
+
+async def _hash(password: str) -> str:
+    if not password:
+        raise AccountError("A password cannot be empty.")
+    return await asyncio.to_thread(_HASHER.hash, password)
+
+
+async def _verify(hashed: str, password: str) -> bool:
+    def verify() -> bool:
+        try:
+            return _HASHER.verify(hashed, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
+
+    return await asyncio.to_thread(verify)

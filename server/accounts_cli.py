@@ -1,0 +1,203 @@
+"""Account commands, run against the relays' database (``--database``, as ``hangar serve``):
+
+- ``hangar user add NAME [--admin] [--password-stdin | --no-password]``, ``list``,
+  ``remove NAME``, ``passwd NAME [--password-stdin]``
+- ``hangar token create NAME [--label TEXT]``, ``revoke NAME``: a person's API tokens
+- ``hangar drone-token create NAME``, ``list``, ``revoke NAME``
+
+Relays follow what these change within a second: a removed person, a revoked token or drone is
+disconnected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from hangar.shared.cli import add_log_level
+
+from .accounts import AccountError, Accounts
+from .app import open_store
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    user = commands.add_parser("user", help="manage people's accounts", description="Accounts.")
+    users = user.add_subparsers(dest="action", required=True, parser_class=type(user))
+    add = users.add_parser("add", help="add a person")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="may manage people and every turn")
+    secret = add.add_mutually_exclusive_group()
+    secret.add_argument("--password-stdin", action="store_true", help="read the password")
+    secret.add_argument(
+        "--no-password", action="store_true", help="an account for scripts: API tokens only"
+    )
+    users.add_parser("list", help="list people")
+    users.add_parser("remove", help="remove a person").add_argument("name")
+    passwd = users.add_parser("passwd", help="set a person's password (ends their logins)")
+    passwd.add_argument("name")
+    passwd.add_argument("--password-stdin", action="store_true", help="read the password")
+
+    token = commands.add_parser(
+        "token", help="personal API tokens", description="API tokens for scripts."
+    )
+    tokens = token.add_subparsers(dest="action", required=True, parser_class=type(token))
+    create = tokens.add_parser("create", help="make an API token for a person (printed once)")
+    create.add_argument("name")
+    create.add_argument("--label", default="", help="what the token is for")
+    tokens.add_parser("revoke", help="revoke every API token of a person").add_argument("name")
+
+    drone = commands.add_parser(
+        "drone-token", help="drones' own tokens", description="Per-drone tokens."
+    )
+    drones = drone.add_subparsers(dest="action", required=True, parser_class=type(drone))
+    drones.add_parser("create", help="make a drone's token (printed once)").add_argument("name")
+    drones.add_parser("list", help="list drone tokens")
+    drones.add_parser("revoke", help="revoke a drone's token").add_argument("name")
+
+    for parser in (*users.choices.values(), *tokens.choices.values(), *drones.choices.values()):
+        add_log_level(parser)
+        parser.add_argument(
+            "--database",
+            default=os.environ.get("HANGAR_DATABASE", "hangar.db"),
+            help="SQLite file, or a postgresql:// URL (HANGAR_DATABASE; default %(default)s)",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    actions: dict[tuple[str, str], Callable[[Accounts, argparse.Namespace], Awaitable[int]]] = {
+        ("user", "add"): _user_add,
+        ("user", "list"): _user_list,
+        ("user", "remove"): _user_remove,
+        ("user", "passwd"): _user_passwd,
+        ("token", "create"): _token_create,
+        ("token", "revoke"): _token_revoke,
+        ("drone-token", "create"): _drone_create,
+        ("drone-token", "list"): _drone_list,
+        ("drone-token", "revoke"): _drone_revoke,
+    }
+    action = actions[(args.command, args.action)]
+    prefix = f"hangar {args.command} {args.action}"
+    password: str | None = None
+    if getattr(args, "password_stdin", False) or (
+        args.action in ("add", "passwd") and not getattr(args, "no_password", False)
+    ):
+        try:
+            password = _read_password(bool(args.password_stdin))
+        except AccountError as error:
+            print(f"{prefix}: {error}", file=sys.stderr)
+            return 2
+    args.password = password
+
+    async def main() -> int:
+        store = open_store(args.database)
+        try:
+            await store.open()
+        except Exception as error:
+            print(f"{prefix}: cannot open {args.database}: {error}", file=sys.stderr)
+            return 1
+        try:
+            return await action(Accounts(store), args)
+        except AccountError as error:
+            print(f"{prefix}: {error}", file=sys.stderr)
+            return 1
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def _read_password(from_stdin: bool) -> str:
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Password again: ") != password:
+            raise AccountError("The two passwords differ.")
+    else:
+        raise AccountError("Give the password on standard input with --password-stdin.")
+    if not password:
+        raise AccountError("A password cannot be empty.")
+    return password
+
+
+async def _user_add(accounts: Accounts, args: argparse.Namespace) -> int:
+    user = await accounts.add_user(args.name, args.password, "admin" if args.admin else "member")
+    print(f"Added {user.role} {user.name}.")
+    return 0
+
+
+async def _user_list(accounts: Accounts, args: argparse.Namespace) -> int:
+    users = await accounts.users()
+    if not users:
+        print("No accounts yet: add one with hangar user add NAME --admin.")
+    for user in users:
+        login = "password" if user.has_password else "API tokens only"
+        print(f"{user.name}\t{user.role}\t{_date(user.created_at)}\t{login}")
+    return 0
+
+
+async def _user_remove(accounts: Accounts, args: argparse.Namespace) -> int:
+    if not await accounts.remove_user(args.name):
+        raise AccountError(f"There is no user named {args.name!r}.")
+    print(f"Removed {args.name}; their connections are closed.")
+    return 0
+
+
+async def _user_passwd(accounts: Accounts, args: argparse.Namespace) -> int:
+    await accounts.set_password(args.name, args.password)
+    print(f"Password of {args.name} set; their other logins are ended.")
+    return 0
+
+
+async def _token_create(accounts: Accounts, args: argparse.Namespace) -> int:
+    token = await accounts.create_api_token(args.name, args.label)
+    print(token)
+    print(
+        f"An API token for {args.name}, shown only now: scripts pass it as the socket.io "
+        'auth {"token": ...} on /ide.',
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _token_revoke(accounts: Accounts, args: argparse.Namespace) -> int:
+    count = await accounts.revoke_api_tokens(args.name)
+    print(f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name}.")
+    return 0
+
+
+async def _drone_create(accounts: Accounts, args: argparse.Namespace) -> int:
+    token = await accounts.create_drone_token(args.name)
+    print(token)
+    print(
+        f"The drone {args.name}'s token, shown only now: hangar drone --token <it> "
+        "(the drone takes its name from the token).",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _drone_list(accounts: Accounts, args: argparse.Namespace) -> int:
+    tokens = await accounts.drone_tokens()
+    if not tokens:
+        print("No drone tokens yet: make one with hangar drone-token create NAME.")
+    for token in tokens:
+        state = f"revoked {_date(token.revoked_at)}" if token.revoked_at else "active"
+        print(f"{token.name}\t{_date(token.created_at)}\t{state}")
+    return 0
+
+
+async def _drone_revoke(accounts: Accounts, args: argparse.Namespace) -> int:
+    if not await accounts.revoke_drone_token(args.name):
+        raise AccountError(f"The drone {args.name!r} has no active token.")
+    print(f"Revoked the drone {args.name}'s token; it is disconnected.")
+    return 0
+
+
+def _date(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))

@@ -1,0 +1,160 @@
+"""Logging in, out, and what a page from elsewhere can reach, in real Chromium."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from playwright.async_api import Page, expect
+
+from hangar.server.access import BAD_LOGIN
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from tests.browser.conftest import log_in
+from tests.conftest import Browser, RelayHandle
+
+pytestmark = pytest.mark.browser
+
+PASSWORD = "correct horse battery staple"
+WAIT_MS = 10_000
+
+
+async def test_the_login_page_logs_a_person_in_and_out(page: Page, relay: RelayHandle) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+
+    await page.goto(relay.url + "/")
+    await expect(page).to_have_url(relay.url + "/login")
+    await page.fill("#username", "ada")
+    await page.fill("#password", "a wrong guess")
+    await page.press("#password", "Enter")
+    await expect(page.locator(".login-error")).to_have_text(BAD_LOGIN)
+    await expect(page.locator("#username")).to_have_value("ada")  # kept: only retype the password
+    await expect(page.locator("#password")).to_be_focused()
+    await page.fill("#password", PASSWORD)
+    await page.click("button[type=submit]")
+
+    await expect(page).to_have_url(relay.url + "/")
+    await expect(page.locator("#account-name")).to_have_text("ada")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    await expect(page.locator("#demo-note")).to_be_hidden()
+    await page.click("#log-out")
+    await expect(page).to_have_url(relay.url + "/login")
+    await page.goto(relay.url + "/")
+    await expect(page).to_have_url(relay.url + "/login")
+
+
+async def test_a_page_logged_out_elsewhere_goes_to_the_login(
+    page: Page, relay: RelayHandle
+) -> None:
+    await log_in(page, relay, "ada")
+    await page.goto(relay.url + "/")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    user = await relay.relay.accounts.user("ada")
+    assert user is not None
+
+    await relay.relay.accounts.remove_user("ada")
+
+    await expect(page).to_have_url(relay.url + "/login", timeout=WAIT_MS)
+
+
+PROBE = """<!doctype html><meta charset="utf-8"><title>elsewhere</title><script>
+const seen = [];
+const note = (what) => { seen.push(what); window.probe = seen.slice(); };
+const relay = "127.0.0.1:%(port)d";
+const ws = new WebSocket(`ws://${relay}/socket.io/?EIO=4&transport=websocket`);
+ws.onopen = () => note("open");
+ws.onmessage = (event) => {
+  note("message " + event.data);
+  if (event.data.startsWith("0")) ws.send("40/ide,");
+  if (event.data.startsWith("40/ide")) ws.send('42/ide,1["listSessions",{}]');
+};
+ws.onerror = () => note("error");
+ws.onclose = () => { note("close"); window.wsDone = true; };
+fetch(`http://${relay}/socket.io/?EIO=4&transport=polling`, {credentials: "include"})
+  .then((r) => r.text()).then((t) => note("polling " + t))
+  .catch(() => note("polling refused")).finally(() => { window.pollDone = true; });
+</script>"""
+
+
+@pytest.fixture
+async def elsewhere(relay: RelayHandle) -> AsyncIterator[str]:
+    """A page on another port of the same host, trying the relay's socket.io endpoint."""
+    port = int(relay.url.rsplit(":", 1)[1])
+
+    async def probe(request: web.Request) -> web.Response:
+        return web.Response(text=PROBE % {"port": port}, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", probe)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    await runner.cleanup()
+
+
+async def test_a_page_from_another_origin_gets_nothing_from_the_relay(
+    page: Page, relay: RelayHandle, elsewhere: str, browsers: object
+) -> None:
+    await log_in(page, relay, "victim")
+    victim = await Browser(relay.url, await relay.people.token("victim")).connect()
+    try:
+        ack = await victim.submit("The victim's secret plan")
+        await victim.completion(ack["turnId"])
+    finally:
+        await victim.close()
+    # The browser holds the victim's login cookie for 127.0.0.1, as after a visit to the relay.
+
+    await page.goto(elsewhere)
+    await page.wait_for_function("window.wsDone && window.pollDone", timeout=WAIT_MS)
+
+    seen: list[str] = await page.evaluate("window.probe")
+    assert "open" not in seen and "close" in seen, seen
+    assert "polling refused" in seen, seen
+    assert not [item for item in seen if "secret" in item or "sessions" in item], seen
+
+
+async def test_the_demo_on_this_machine_logs_the_visitor_in_and_says_so(
+    page: Page, tmp_path: Path
+) -> None:
+    config = RelayConfig(port=0, database=str(tmp_path / "demo.db"), demo_user="demo")
+    runner, port = await start_relay(config)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        await page.goto(url)
+
+        await expect(page).to_have_url(url)
+        await expect(page.locator("#account-name")).to_have_text("demo")
+        await expect(page.locator("#demo-note")).to_be_visible()
+        assert await runner.app[RELAY].accounts.user("demo") is not None
+    finally:
+        await page.goto("about:blank")  # closes the page's connection before the relay stops
+        await runner.cleanup()
+
+
+async def test_an_admin_can_list_everyones_sessions_and_sees_whose_they_are(
+    page: Page, relay: RelayHandle
+) -> None:
+    alice = await Browser(relay.url, await relay.people.token("alice")).connect()
+    try:
+        ack = await alice.submit("Alice's question")
+        await alice.completion(ack["turnId"])
+    finally:
+        await alice.close()
+    await log_in(page, relay, "root", role="admin")
+    await page.goto(relay.url + "/")
+    await expect(page.locator("#account-role")).to_have_text("admin")
+    await expect(page.locator("#sessions .session")).to_have_count(0)
+
+    await page.click('#sessions-scope [data-scope="everyone"]')
+
+    session = page.locator("#sessions .session")
+    await expect(session).to_have_count(1)
+    await expect(session.locator(".session-owner-tag")).to_have_text("alice")
+    await session.click()
+    await expect(page.locator("#session-owner")).to_have_text("alice's session")
+    await expect(page.locator("#turns article.turn")).to_have_count(1)
+    await expect(page.locator("#prompt")).to_be_disabled()  # watch and abort, not write in it

@@ -1,0 +1,406 @@
+"""Who may use a relay (``docs/architecture.md``, "Access"): people who logged in, and scripts
+with their API token, from the relay's own origins only; members see their own work, admins
+everyone's; drones by their own tokens, bound to their identity."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import socketio
+
+from bench.peers import OpenAIPeer, Reply
+from hangar.server.access import BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
+from hangar.server.accounts import MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
+from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, TOKEN_REVOKED
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    DRONE_NAMESPACE,
+    IDE_NAMESPACE,
+    NOT_LOGGED_IN,
+    UNKNOWN_TURN,
+)
+from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
+
+SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
+PASSWORD = "correct horse battery staple"
+
+
+class Login:
+    """A person's web session: aiohttp with a cookie jar, as a browser keeps cookies."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.http = aiohttp.ClientSession(
+            # unsafe: keep cookies of an IP address host (127.0.0.1) as a browser does
+            cookie_jar=aiohttp.CookieJar(unsafe=True)
+        )
+
+    async def post(self, path: str, **form: str) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.post(self.url + path, data=form, allow_redirects=False) as response:
+            return response.status, await response.text(), response
+
+    async def log_in(self, name: str, password: str) -> tuple[int, str]:
+        status, text, _ = await self.post("/login", username=name, password=password)
+        return status, text
+
+    @property
+    def cookie(self) -> str:
+        for cookie in self.http.cookie_jar:
+            if cookie.key == LOGIN_COOKIE:
+                return cookie.value
+        raise AssertionError("not logged in")
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+@pytest.fixture
+async def logins(relay: RelayHandle) -> Any:
+    opened: list[Login] = []
+
+    def open_login(url: str | None = None) -> Login:
+        login = Login(url or relay.url)
+        opened.append(login)
+        return login
+
+    yield open_login
+    for login in opened:
+        await login.close()
+
+
+async def refusal_of(url: str, namespace: str = IDE_NAMESPACE, **connect: Any) -> Any:
+    """What a socket.io client is told when its connection is refused."""
+    client = socketio.AsyncClient(reconnection=False)
+    errors: list[Any] = []
+    client.on("connect_error", errors.append, namespace=namespace)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await client.connect(url, namespaces=[namespace], wait_timeout=5, **connect)
+    await client.disconnect()
+    return errors[0] if errors else None
+
+
+# ---- logging in
+
+
+async def test_a_connection_without_a_login_is_refused_with_a_reason(relay: RelayHandle) -> None:
+    for connect in (
+        {},
+        {"auth": {"token": "hgt_madeup"}},
+        {"headers": {"Cookie": f"{LOGIN_COOKIE}=not-a-login"}},
+    ):
+        refused = await refusal_of(relay.url, transports=["websocket"], **connect)
+        assert refused == {"message": NOT_LOGGED_IN}, connect
+
+    async with aiohttp.ClientSession() as http, http.get(relay.url, allow_redirects=False) as page:
+        assert page.status == 303 and page.headers["Location"] == "/login"
+
+
+async def test_only_the_ide_and_drone_namespaces_accept_connections(relay: RelayHandle) -> None:
+    token = await relay.people.token()
+    for namespace in ("/", "/admin"):
+        client = socketio.AsyncClient(reconnection=False)
+        with pytest.raises(socketio.exceptions.ConnectionError):
+            await client.connect(
+                relay.url,
+                namespaces=[namespace],
+                auth={"token": token},
+                transports=["websocket"],
+                wait_timeout=5,
+            )
+        assert not client.connected
+        await client.disconnect()
+
+
+async def test_a_login_sets_an_http_only_cookie_that_opens_the_page_and_the_socket(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+
+    status, _, response = await login.post("/login", username="ada", password=PASSWORD)
+
+    assert status == 303 and response.headers["Location"] == "/"
+    cookie = response.cookies[LOGIN_COOKIE]
+    assert cookie["httponly"] and cookie["samesite"] == "Lax" and cookie["path"] == "/"
+    assert int(cookie["max-age"]) == 14 * 24 * 3600 and not cookie["secure"]
+    async with login.http.get(relay.url + "/") as page:
+        assert page.status == 200 and "<title>Hangar</title>" in await page.text()
+    browser = await Browser(relay.url, login=login.cookie).connect()
+    try:
+        hello = await eventually(
+            lambda: next((args for e, args in browser.events if e == "hello"), None),
+            what="the hello",
+        )
+        assert hello == {"user": {"name": "ada", "role": "member"}, "demo": False}
+    finally:
+        await browser.close()
+
+
+async def test_the_cookie_is_secure_behind_an_https_proxy(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.url + "/login",
+            data={"username": "ada", "password": PASSWORD},
+            headers={"X-Forwarded-Proto": "https"},
+            allow_redirects=False,
+        ) as response,
+    ):
+        assert response.status == 303
+        assert response.cookies[LOGIN_COOKIE]["secure"]
+
+
+async def test_a_wrong_password_and_an_unknown_name_get_the_same_answer(
+    relay: RelayHandle, logins: Callable[..., Login], caplog: pytest.LogCaptureFixture
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    caplog.set_level(logging.DEBUG)
+
+    wrong = await logins().log_in("ada", "not her password")
+    unknown = await logins().log_in("nobody", "not her password")
+
+    assert wrong == unknown
+    assert wrong[0] == 401 and BAD_LOGIN in wrong[1]
+    assert "not her password" not in caplog.text
+
+
+async def test_repeated_failures_lock_the_name_but_not_other_people(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    await relay.relay.accounts.add_user("bob", PASSWORD)
+    login = logins()
+    for _ in range(MAX_USER_FAILURES):
+        assert (await login.log_in("ada", "guess"))[0] == 401
+
+    locked = await login.log_in("ada", PASSWORD)
+
+    assert locked[0] == 429 and TOO_MANY_LOGINS in locked[1]
+    assert (await logins().log_in("bob", PASSWORD))[0] == 303
+
+
+async def test_repeated_failures_from_one_address_lock_it(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+    for index in range(MAX_ADDRESS_FAILURES):
+        assert (await login.log_in(f"guess-{index}", "guess"))[0] == 401
+
+    assert (await login.log_in("ada", PASSWORD))[0] == 429
+
+
+async def test_logging_out_ends_the_login_and_drops_its_connections(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+    await login.log_in("ada", PASSWORD)
+    cookie = login.cookie
+    browser = await Browser(relay.url, login=cookie).connect()
+    try:
+        status, _, _ = await login.post("/logout")
+        assert status == 303
+
+        await eventually(lambda: not browser.sio.connected, what="the connection to drop")
+        assert ("loggedOut", {"reason": NOT_LOGGED_IN}) in browser.events
+        refused = await refusal_of(
+            relay.url, headers={"Cookie": f"{LOGIN_COOKIE}={cookie}"}, transports=["websocket"]
+        )
+        assert refused == {"message": NOT_LOGGED_IN}
+    finally:
+        await browser.close()
+
+
+async def test_a_removed_person_is_disconnected(relay: RelayHandle, browsers: Any) -> None:
+    browser: Browser = await browsers("leaving")
+
+    assert await relay.relay.accounts.remove_user("leaving")
+
+    await eventually(lambda: not browser.sio.connected, what="the connection to drop")
+
+
+# ---- origins
+
+
+@pytest.mark.parametrize("transport", ["websocket", "polling"])
+async def test_a_foreign_origin_is_refused(relay: RelayHandle, transport: str) -> None:
+    token = await relay.people.token()
+    client = socketio.AsyncClient(reconnection=False)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await client.connect(
+            relay.url,
+            namespaces=[IDE_NAMESPACE],
+            auth={"token": token},
+            headers={"Origin": "http://evil.example"},
+            transports=[transport],
+            wait_timeout=5,
+        )
+    await client.disconnect()
+
+    own = socketio.AsyncClient(reconnection=False)
+    await own.connect(
+        relay.url,
+        namespaces=[IDE_NAMESPACE],
+        auth={"token": token},
+        headers={"Origin": relay.url},
+        transports=[transport],
+        wait_timeout=5,
+    )
+    assert own.connected
+    # At once: a polling client's disconnect would otherwise wait out the pending long-poll.
+    await own.eio.disconnect(abort=True)
+
+
+async def test_a_login_form_posted_from_another_site_is_refused(relay: RelayHandle) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.url + "/login",
+            data={"username": "ada", "password": PASSWORD},
+            headers={"Origin": "http://evil.example"},
+            allow_redirects=False,
+        ) as response,
+    ):
+        assert response.status == 403
+        assert LOGIN_COOKIE not in response.cookies
+
+
+# ---- members and admins
+
+
+async def test_members_cannot_list_read_or_abort_each_others_turns_but_admins_can(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Any,
+) -> None:
+    openai_peer.script(SLOW)
+    await start_drone(Upstream("openai", openai_peer))
+    await relay.people.token("root", role="admin")
+    alice: Browser = await browsers("alice")
+    bob: Browser = await browsers("bob")
+    admin: Browser = await browsers("root")
+    ack = await alice.submit("Mine alone")
+    await alice.wait_text(ack["turnId"], pieces=1)
+
+    assert (await bob.call("listSessions", {"everyone": True}))["sessions"] == []
+    assert await bob.call("openSession", {"sessionId": ack["sessionId"]}) == {
+        "ok": False,
+        "error": "Unknown session.",
+    }
+    assert await bob.abort(ack["turnId"]) == (False, UNKNOWN_TURN)
+    assert await bob.abort() == (False, "No active work order to abort")
+
+    everyone = (await admin.call("listSessions", {"everyone": True}))["sessions"]
+    assert [(s["sessionId"], s["ownerName"]) for s in everyone] == [(ack["sessionId"], "alice")]
+    assert (await admin.call("listSessions", {}))["sessions"] == []
+    opened = await admin.call("openSession", {"sessionId": ack["sessionId"]})
+    assert opened["session"]["ownerName"] == "alice"
+    assert [t["turnId"] for t in opened["turns"]] == [ack["turnId"]]
+    assert await admin.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert await alice.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+    assert not bob.progress(ack["turnId"])
+
+
+async def test_the_same_person_on_two_browsers_sees_the_same_work_and_aborts_it(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    logins: Callable[..., Login],
+) -> None:
+    openai_peer.script(SLOW)
+    await start_drone(Upstream("openai", openai_peer))
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    laptop, phone = logins(), logins()
+    await laptop.log_in("ada", PASSWORD)
+    await phone.log_in("ada", PASSWORD)
+    assert laptop.cookie != phone.cookie
+    first = await Browser(relay.url, login=laptop.cookie).connect()
+    second = await Browser(relay.url, login=phone.cookie).connect()
+    try:
+        ack = await first.submit("Started on the laptop")
+        await first.wait_text(ack["turnId"], pieces=1)
+
+        listed = (await second.call("listSessions", {}))["sessions"]
+        assert [(s["sessionId"], s["processingTurnId"]) for s in listed] == [
+            (ack["sessionId"], ack["turnId"])
+        ]
+        await second.call("openSession", {"sessionId": ack["sessionId"]})
+        assert await second.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+
+        assert await first.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+        assert await second.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+    finally:
+        await first.close()
+        await second.close()
+
+
+# ---- drones
+
+
+async def test_a_revoked_drone_token_disconnects_its_drone_and_ends_its_turns(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(SLOW)
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    drone = await start_drone(Upstream("openai", openai_peer), token=token, name="laptop")
+    assert drone.drone_id == "laptop" and "laptop" in relay.relay.directory.local
+    ack = await browser.submit("Working on the laptop")
+    await browser.wait_text(ack["turnId"], pieces=1)
+
+    assert await relay.relay.accounts.revoke_drone_token("laptop")
+
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], False, TOKEN_REVOKED)
+    assert await asyncio.wait_for(drone.task, 10) == 2
+    assert "laptop" not in relay.relay.directory.local
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None and (turn.status, turn.result) == ("error", TOKEN_REVOKED)
+
+
+async def test_a_drone_token_only_opens_its_own_drone(relay: RelayHandle) -> None:
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    hello = {**drone_hello("desk"), "token": token}
+
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=hello, transports=["websocket"])
+
+    assert refused == {"message": "This token is the drone laptop's; connect as laptop."}
+    forged = {**drone_hello("laptop"), "token": token[:-4] + "AAAA"}
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=forged, transports=["websocket"])
+    assert refused == {"message": INVALID_TOKEN}
+
+
+async def test_no_connection_takes_over_a_connected_drone(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(SLOW, Reply(chunks=["Next ", "one."]))
+    drone = await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Keep me")
+    await browser.wait_text(ack["turnId"], pieces=1)
+    impostor_orders: list[Any] = []
+    impostor = socketio.AsyncClient(reconnection=False)
+    impostor.on("workOrder", impostor_orders.append, namespace=DRONE_NAMESPACE)
+
+    refused = await refusal_of(
+        relay.url,
+        DRONE_NAMESPACE,
+        auth={**drone_hello(drone.drone_id), "instance": "someone-else-entirely"},
+        transports=["websocket"],
+    )
+
+    assert refused == {"message": ALREADY_CONNECTED}
+    assert relay.relay.directory.local[drone.drone_id].sid  # the real drone is still routed
+    assert await browser.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+    second = await browser.submit("Then this", sessionId=ack["sessionId"])
+    assert (await browser.completion(second["turnId"]))[1:] == (True, "Next one.")
+    assert impostor_orders == []

@@ -1,0 +1,123 @@
+"""The account commands (``hangar user``, ``token``, ``drone-token``) and what ``hangar demo``
+asks for on a network address: each answers in one line, with an exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from hangar.server.accounts import Accounts
+from hangar.server.sqlite_store import SqliteTurnStore
+from tests.conftest import HANGAR, ROOT
+
+
+async def hangar(*arguments: str, stdin: str | None = None) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HANGAR_", "OPENAI", "OLLAMA"))}
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, *arguments,
+        cwd=ROOT, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else b""), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def accounts_of(database: Path) -> tuple[Accounts, SqliteTurnStore]:
+    store = SqliteTurnStore(database)
+    await store.open()
+    return Accounts(store), store
+
+
+async def test_people_are_added_listed_given_passwords_and_removed(tmp_path: Path) -> None:
+    db = str(tmp_path / "hangar.db")
+
+    added = await hangar(
+        "user", "add", "ada", "--admin", "--password-stdin", "--database", db,
+        stdin="first password\n",
+    )  # fmt: skip
+    assert added == (0, "Added admin ada.\n", "")
+    assert await hangar("user", "add", "bot", "--no-password", "--database", db) == (
+        0,
+        "Added member bot.\n",
+        "",
+    )
+    code, out, _ = await hangar("user", "list", "--database", db)
+    assert code == 0
+    assert [line.split("\t")[::3] for line in out.splitlines()] == [
+        ["ada", "password"],
+        ["bot", "API tokens only"],
+    ]
+    assert await hangar(
+        "user", "passwd", "ada", "--password-stdin", "--database", db, stdin="second password\n"
+    ) == (
+        0,
+        "Password of ada set; their other logins are ended.\n",
+        "",
+    )
+    accounts, store = await accounts_of(tmp_path / "hangar.db")
+    try:
+        assert await accounts.check_password("ada", "first password") is None
+        assert await accounts.check_password("ada", "second password") is not None
+    finally:
+        await store.close()
+    assert (await hangar("user", "remove", "bot", "--database", db))[0] == 0
+    assert (await hangar("user", "list", "--database", db))[1].count("\n") == 1
+
+
+async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
+    db = str(tmp_path / "hangar.db")
+    await hangar("user", "add", "ada", "--no-password", "--database", db)
+
+    cases = [
+        (("user", "add", "ada", "--no-password"), 1, "A user named 'ada' already exists."),
+        (("user", "add", "bad name!", "--no-password"), 1, "A user name is 1-64 letters"),
+        (("user", "add", "eve"), 2, "Give the password on standard input with --password-stdin."),
+        (("user", "remove", "nobody"), 1, "There is no user named 'nobody'."),
+        (("token", "create", "nobody"), 1, "There is no user named 'nobody'."),
+        (("drone-token", "revoke", "ghost"), 1, "The drone 'ghost' has no active token."),
+    ]
+    for arguments, expected_code, message in cases:
+        code, out, err = await hangar(*arguments, "--database", db)
+        assert (code, out) == (expected_code, ""), arguments
+        assert len(err.splitlines()) == 1 and message in err, (arguments, err)
+        assert "Traceback" not in err
+
+
+async def test_tokens_are_printed_once_and_stored_as_hashes(tmp_path: Path) -> None:
+    db = str(tmp_path / "hangar.db")
+    await hangar("user", "add", "bot", "--no-password", "--database", db)
+
+    code, api_token, _ = await hangar("token", "create", "bot", "--database", db)
+    assert code == 0 and api_token.startswith("hgt_")
+    code, drone_token, _ = await hangar("drone-token", "create", "laptop", "--database", db)
+    assert code == 0 and drone_token.startswith("hgd.laptop.")
+    listed = await hangar("drone-token", "list", "--database", db)
+    assert listed[1].split("\t")[::2] == ["laptop", "active\n"]
+
+    raw = (tmp_path / "hangar.db").read_bytes()
+    for token in (api_token.strip(), drone_token.strip()):
+        assert token.encode() not in raw and token.rsplit(".", 1)[-1].encode() not in raw
+    accounts, store = await accounts_of(tmp_path / "hangar.db")
+    try:
+        user = await accounts.api_token_user(api_token.strip())
+        assert user is not None and user.name == "bot"
+        assert await accounts.drone_of(drone_token.strip()) == "laptop"
+    finally:
+        await store.close()
+    assert (await hangar("drone-token", "revoke", "laptop", "--database", db))[0] == 0
+    assert "revoked" in (await hangar("drone-token", "list", "--database", db))[1]
+
+
+async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> None:
+    db = str(tmp_path / "empty.db")
+
+    code, out, err = await hangar("demo", "--host", "0.0.0.0", "--port", "0", "--database", db)
+
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "hangar demo: on 0.0.0.0 the page is open to the network and needs accounts: add one "
+        f"with hangar user add NAME --admin --database {db}"
+    ]
