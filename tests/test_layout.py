@@ -55,6 +55,68 @@ def test_the_shared_part_imports_neither_side() -> None:
     assert offending("shared", ("hangar.server", "hangar.drone", *SDKS)) == []
 
 
+PARTS = {"server": "hangar.server", "drone": "hangar.drone", "shared": "hangar.shared"}
+MAX_MODULE_LINES = 400
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Which ``hangar.*`` modules each module imports when it is loaded (not for typing).
+
+    A module's own packages are left out: importing a module loads them first in any case.
+    """
+    files: dict[str, Path] = {}
+    for folder, package in PARTS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(ROOT / folder).with_suffix("")
+            files[".".join([package, *(p for p in relative.parts if p != "__init__")])] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.parse(path.read_text()).body:  # module level only
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:  # ``from . import shell`` imports a module
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        ancestors = {name.rsplit(".", n)[0] for n in range(1, name.count("."))}
+        graph[name] = {m for m in found if m in files and m not in ancestors and m != name}
+    return graph
+
+
+def test_no_module_imports_another_that_imports_it_back() -> None:
+    graph = module_graph()
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                cycles.append([*path[path.index(target) :], target])
+            elif target in graph and len(path) < 50:
+                visit(target, [*path, target])
+
+    for module in sorted(graph):
+        visit(module, [module])
+    assert len(graph) > 40  # the walk found the modules
+    assert cycles == []
+
+
+def test_every_module_stays_small_enough_to_read_in_one_sitting() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for folder in PARTS
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+    assert len((ROOT / "web" / "app.js").read_text().splitlines()) < 300
+
+
 def test_no_code_imports_the_old_top_level_names() -> None:
     old = ("server", "drone", "shared")
     for folder in ("server", "drone", "shared", "tests", "bench"):
