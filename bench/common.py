@@ -112,16 +112,23 @@ class Stack:
             if proc in self.procs:
                 self.procs.remove(proc)
 
-    async def relay(self, name: str = "relay") -> tuple[str, Proc]:
-        db = self.workdir / f"{name}.db"
-        args = ["-m", "bench.hangar_mono", "serve", "--port", "0", "--database", str(db)]
+    async def relay(
+        self, name: str = "relay", database: str | None = None, redis: str | None = None
+    ) -> tuple[str, Proc]:
+        """A relay on a SQLite file of its own, or on ``database`` (with ``redis`` for several)."""
+        db = database or str(self.workdir / f"{name}.db")
+        args = ["-m", "bench.hangar_mono", "serve", "--port", "0", "--database", db]
+        args += ["--redis", redis] if redis else []
         proc = self.spawn(name, [*args, "--drone-token", TOKEN])
         found = await proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
         RELAY_DATABASES[found.group(1)] = db
         return found.group(1), proc
 
-    async def peer(self, provider: str, interval: float) -> tuple[str, Proc]:
+    async def peer(
+        self, provider: str, interval: float, chunks: int = 1_000_000
+    ) -> tuple[str, Proc]:
         args = ["-m", "bench.peer", "--provider", provider, "--interval", str(interval)]
+        args += ["--chunks", str(chunks)]
         proc = self.spawn(f"peer-{provider}", args)
         found = await proc.wait_line(r"PEER (http://\S+)")
         return found.group(1), proc
@@ -144,7 +151,7 @@ def get_json(url: str, method: str = "GET") -> Any:
         return json.load(response)
 
 
-RELAY_DATABASES: dict[str, Path] = {}
+RELAY_DATABASES: dict[str, str] = {}
 """The database of each relay a ``Stack`` started, by URL: where its people are made."""
 
 
@@ -155,9 +162,9 @@ async def people(url: str, count: int) -> list[str | None]:
     if database is None:
         return [None] * count
     from hangar.server.accounts import Accounts
-    from hangar.server.sqlite_store import SqliteTurnStore
+    from hangar.server.app import open_store
 
-    store = SqliteTurnStore(database)
+    store = open_store(database)
     await store.open()
     try:
         accounts = Accounts(store)
@@ -240,7 +247,7 @@ class Browser:
         self.done[turn_id].set()
 
     async def submit(self, prompt: str) -> str:
-        ack = await self.sio.call("submitWorkOrder", {"prompt": prompt}, namespace=IDE, timeout=30)
+        ack = await self.sio.call("submitWorkOrder", {"prompt": prompt}, namespace=IDE, timeout=60)
         if not ack.get("ok"):
             raise RuntimeError(f"submit refused: {ack}")
         turn_id: str = ack["turnId"]

@@ -1,5 +1,9 @@
 """The agent loop: call the model, run the tools it asks for, feed results back, until it answers.
 
+Two signals stop it: ``signal`` at once (the abort), and ``step_signal`` at the next step's end
+("stop after this step": the model call or tool in progress finishes and its result is kept,
+the tool calls not yet run get the cancelled result). Either way it raises ``AbortError``.
+
 Abort lands by the phase-by-phase rules of ``docs/architecture.md``: whatever the phase, the
 messages kept form a valid conversation (partial text is kept and flagged; every tool call gets a
 result, a synthetic "cancelled" one when it did not run), then ``AbortError`` propagates to the
@@ -12,13 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hangar.shared.abort import AbortError, AbortSignal
-from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
+from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, Usage
 
-from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec
+from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec, UsageReport
 
 log = logging.getLogger("hangar.agent")
 
@@ -62,6 +66,31 @@ class StepLimitError(Exception):
     pass
 
 
+CHARS_PER_TOKEN = 4
+"""For an estimate where the service did not count: about four characters a token."""
+
+
+@dataclass
+class Tally:
+    """The tokens a work order used, its sub-agents' included."""
+
+    usage: Usage = field(default_factory=Usage)
+
+    def counted(self, report: UsageReport) -> None:
+        self.usage += Usage(
+            prompt_tokens=report.prompt_tokens, completion_tokens=report.completion_tokens
+        )
+
+    def estimate(self, messages: list[ChatMessage], chunks: int) -> None:
+        """A call the service did not count (cut short, or a service that does not say)."""
+        prompt = sum(
+            len(m.content) + sum(len(c.arguments) for c in m.tool_calls or []) for m in messages
+        )
+        self.usage += Usage(
+            prompt_tokens=prompt // CHARS_PER_TOKEN + 1, completion_tokens=chunks, estimated=True
+        )
+
+
 @dataclass
 class Agent:
     provider: Provider
@@ -69,12 +98,16 @@ class Agent:
     report: Report
     depth: int = 0
     max_steps: int = MAX_STEPS
+    tally: Tally = field(default_factory=Tally)
+    step_signal: AbortSignal | None = None
+    """Fired for "stop after this step"."""
 
     async def run(self, messages: list[ChatMessage], signal: AbortSignal) -> str:
         """Run to a final answer and return it; ``messages`` grows with everything kept."""
         keep = self._keeper(messages)
         for _ in range(self.max_steps):
             signal.throw_if_aborted()
+            self._stop_if_asked()
             text: list[str] = []
             calls: list[ToolCall] = []
             try:
@@ -88,6 +121,9 @@ class Agent:
             )
             if not calls:
                 return "".join(text)
+            if self._asked_to_stop():
+                await self._cancel(calls, keep)
+                self._stop_if_asked()
             await self._run_tools(calls, signal, keep)
         raise StepLimitError(f"Stopped after {self.max_steps} model calls without a final answer.")
 
@@ -99,19 +135,27 @@ class Agent:
         calls: list[ToolCall],
     ) -> None:
         """One model call, read inside an abort scope: ``text`` and ``calls`` fill as it streams
-        (what streamed before an abort stays in them)."""
-        async with signal.scope() as scope:
-            options = ChatOptions(self.provider.model, scope.signal)
-            stream = self.provider.chat(messages, self.tools.specs, options)
-            async with aclosing(stream) as events:
-                async for event in events:
-                    if isinstance(event, TextChunk):
-                        text.append(event.text)
-                        await self.report.text(event.text, self.depth)
-                    elif isinstance(event, ToolCallRequest):
-                        calls.append(
-                            ToolCall(id=event.id, name=event.name, arguments=event.arguments)
-                        )
+        (what streamed before an abort stays in them); the tokens it used are tallied."""
+        counted = False
+        try:
+            async with signal.scope() as scope:
+                options = ChatOptions(self.provider.model, scope.signal)
+                stream = self.provider.chat(messages, self.tools.specs, options)
+                async with aclosing(stream) as events:
+                    async for event in events:
+                        if isinstance(event, TextChunk):
+                            text.append(event.text)
+                            await self.report.text(event.text, self.depth)
+                        elif isinstance(event, ToolCallRequest):
+                            calls.append(
+                                ToolCall(id=event.id, name=event.name, arguments=event.arguments)
+                            )
+                        else:
+                            self.tally.counted(event)
+                            counted = True
+        finally:
+            if not counted:
+                self.tally.estimate(messages, len(text) + len(calls))
 
     async def _run_tools(
         self,
@@ -138,6 +182,9 @@ class Agent:
             await keep(
                 ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
             )
+            if self._asked_to_stop() and index + 1 < len(calls):
+                await self._cancel(calls[index + 1 :], keep)
+                self._stop_if_asked()
 
     async def _cancel(
         self, calls: list[ToolCall], keep: Callable[[ChatMessage], Awaitable[None]]
@@ -149,6 +196,14 @@ class Agent:
                     role="tool", content=TOOL_CANCELLED, tool_call_id=call.id, name=call.name
                 )
             )
+
+    def _asked_to_stop(self) -> bool:
+        return self.step_signal is not None and self.step_signal.aborted
+
+    def _stop_if_asked(self) -> None:
+        """End here for "stop after this step" (what was kept stays)."""
+        if self.step_signal is not None:
+            self.step_signal.throw_if_aborted()
 
     def _keeper(self, messages: list[ChatMessage]) -> Callable[[ChatMessage], Awaitable[None]]:
         async def keep(message: ChatMessage) -> None:

@@ -15,6 +15,7 @@ from hangar.shared.protocol import drone_name_of
 from .worker import DEFAULT_MODELS, PROVIDERS, DroneConfig, run_drone
 
 OPERATOR_STOP = "The drone's operator stopped it."
+SHUT_DOWN = "The drone was shut down."
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         root = AbortController()
-        runtime.abort_on_signals(root, AbortError(OPERATOR_STOP, cause="operator"))
+        runtime.abort_on_signals(
+            root,
+            AbortError(OPERATOR_STOP, cause="operator"),
+            AbortError(SHUT_DOWN, cause="shutdown"),
+        )
         return await run_drone(config, root, live_status=live_status)
 
     return runtime.run(main())

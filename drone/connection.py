@@ -11,7 +11,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import socketio
 from pydantic import ValidationError
@@ -25,6 +25,7 @@ from hangar.shared.protocol import (
     AbortOrder,
     DroneHello,
     DroneRecord,
+    Ending,
     WorkOrder,
     describe,
 )
@@ -47,7 +48,9 @@ class WorkOrders(Protocol):
 
     def accept(self, order: WorkOrder) -> dict[str, Any]: ...
 
-    def abort(self, turn_id: str) -> tuple[bool, str]: ...
+    def abort(
+        self, turn_id: str, mode: Literal["now", "after_step"] = "now"
+    ) -> tuple[bool, str]: ...
 
     def running_ids(self) -> list[str]: ...
 
@@ -80,6 +83,7 @@ class RelayConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._rejoining = False
+        self._calls: set[asyncio.Future[tuple[Any, ...]]] = set()
         self.sio.on("connect", self._on_connect, namespace=DRONE_NAMESPACE)
         self.sio.on(DISMISSED, self._on_dismissed, namespace=DRONE_NAMESPACE)
         self.sio.on("disconnect", self._on_disconnect, namespace=DRONE_NAMESPACE)
@@ -103,7 +107,7 @@ class RelayConnection:
                 request = AbortOrder.model_validate(data)
             except ValidationError as error:
                 return False, describe(error)
-            return orders.abort(request.turn_id)
+            return orders.abort(request.turn_id, request.mode)
 
         self.sio.on(WORK_ORDER, on_work_order, namespace=DRONE_NAMESPACE)
         self.sio.on(ABORT_WORK_ORDER, on_abort_work_order, namespace=DRONE_NAMESPACE)
@@ -120,20 +124,36 @@ class RelayConnection:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def complete(self, turn_id: str, success: bool, message: str) -> None:
+    async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
         """Report the end of a turn and wait until the relay has it (or keep it for later)."""
         if (report := self.reports.pop(turn_id, None)) is not None:
             await report.flush()
-        data = (turn_id, success, message)
+        data = (turn_id, success, message, ending.wire())
         if self.connected.is_set() and not self.outbox:
             try:
-                await self.sio.call(
-                    WORK_ORDER_COMPLETE, data, namespace=DRONE_NAMESPACE, timeout=CONFIRM_TIMEOUT
-                )
+                await self.call(WORK_ORDER_COMPLETE, data)
                 return
-            except socketio.exceptions.SocketIOError:
+            except (socketio.exceptions.SocketIOError, ConnectionError, TimeoutError):
                 pass
         self.outbox.append((WORK_ORDER_COMPLETE, data))
+
+    async def call(self, event: str, data: Any, timeout: float = CONFIRM_TIMEOUT) -> Any:
+        """Send ``event`` and return the relay's answer; raise ``ConnectionError`` as soon as
+        the connection drops (python-socketio's own ``call`` waits out its timeout then)."""
+        answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        self._calls.add(answered)
+
+        def on_answer(*args: Any) -> None:
+            if not answered.done():
+                answered.set_result(args)
+
+        try:
+            await self.sio.emit(event, data, namespace=DRONE_NAMESPACE, callback=on_answer)
+            async with asyncio.timeout(timeout):
+                args = await answered
+        finally:
+            self._calls.discard(answered)
+        return args[0] if len(args) == 1 else args
 
     async def send(self, event: str, data: Any, *, durable: bool) -> None:
         if self.connected.is_set() and not self.outbox:
@@ -208,6 +228,9 @@ class RelayConnection:
 
     async def _on_disconnect(self, *reason: Any) -> None:
         self.connected.clear()
+        for answer in self._calls:
+            if not answer.done():
+                answer.set_exception(ConnectionError("The connection to the relay dropped."))
         log.warning("disconnected from relay %s", self.url)
         # python-socketio reconnects by itself after a lost connection, not after the relay
         # dropped this drone: then it is up to the drone (unless the relay said why, for good).

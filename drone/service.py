@@ -2,17 +2,21 @@
 
 Each work order's controller is linked to the drone's root: stopping the drone (Ctrl-C, a relay
 that refuses it) aborts the root, which aborts every work order the way a person's Cancel does.
+An abort may reach the drone before the work order it is for (they travel separately): it is
+kept, and the order is ended aborted the moment it arrives, before any model call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from hangar.shared.abort import (
+    AbortCause,
     AbortController,
     AbortError,
     AbortSignal,
@@ -23,15 +27,28 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
     NO_ACTIVE_WORK_ORDER,
+    STOP_AFTER_STEP,
     ChatMessage,
+    Ending,
+    EndReason,
     WorkOrder,
 )
 
-from .agent import Agent, NoTools, Report, ToolRunner
+from .agent import Agent, NoTools, Report, Tally, ToolRunner
 from .providers import Provider, ProviderError
 from .tools import Toolbox
 
 log = logging.getLogger("hangar.drone")
+
+REMEMBERED = 1000
+"""How many recently ended turns, and aborts ahead of their order, a drone remembers."""
+ABORT_REASONS: dict[AbortCause, EndReason] = {
+    "person": "aborted",
+    "operator": "operator",
+    "shutdown": "shutdown",
+    "relay": "shutdown",
+    "scope": "aborted",
+}
 
 
 class Outlet(Protocol):
@@ -39,13 +56,16 @@ class Outlet(Protocol):
 
     def report_for(self, turn_id: str) -> Report: ...
 
-    async def complete(self, turn_id: str, success: bool, message: str) -> None: ...
+    async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None: ...
 
 
 @dataclass
 class RunningOrder:
     order: WorkOrder
     controller: AbortController
+    gentle: AbortController = field(default_factory=AbortController)
+    """"Stop after this step"."""
+    tally: Tally = field(default_factory=Tally)
     deadline: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
 
@@ -69,6 +89,10 @@ class AgentService:
         self.workdir = workdir
         """Where tools work; None runs work orders with no tools."""
         self.running: dict[str, RunningOrder] = {}
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        """Turns that ran here and ended, most recent last."""
+        self.aborted_early: OrderedDict[str, None] = OrderedDict()
+        """Turns aborted before their work order arrived."""
 
     def accept(self, order: WorkOrder) -> dict[str, Any]:
         """Take a work order (or refuse it, busy); its controller exists from this moment on."""
@@ -79,7 +103,10 @@ class AgentService:
         if len(self.running) >= self.concurrency:
             return {"ok": False, "error": "The drone is busy."}
         running = RunningOrder(order, linked_controller(self.root))
-        if self.deadline is not None:
+        if order.turn_id in self.aborted_early:
+            del self.aborted_early[order.turn_id]
+            running.controller.abort(AbortError(cause="person"))
+        elif self.deadline is not None:
             running.deadline = asyncio.get_running_loop().call_later(
                 self.deadline, running.controller.abort, AbortTimeoutError(self.deadline)
             )
@@ -87,11 +114,19 @@ class AgentService:
         running.task = asyncio.ensure_future(self.process(running))
         return {"ok": True}
 
-    def abort(self, turn_id: str) -> tuple[bool, str]:
+    def abort(self, turn_id: str, mode: Literal["now", "after_step"] = "now") -> tuple[bool, str]:
         """Fire the work order's signal and answer at once; the turn ends on its own."""
         running = self.running.get(turn_id)
         if running is None:
-            return False, NO_ACTIVE_WORK_ORDER
+            if turn_id in self.ended or mode != "now":
+                return False, NO_ACTIVE_WORK_ORDER
+            _remember(self.aborted_early, turn_id)  # its work order is still on its way
+            log.info("abort signaled turn=%s before its work order", turn_id)
+            return True, ABORT_SIGNALED
+        if mode == "after_step":
+            running.gentle.abort(AbortError(cause="person"))
+            log.info("stop after this step turn=%s", turn_id)
+            return True, STOP_AFTER_STEP
         running.controller.abort(AbortError(cause="person"))
         log.info("abort signaled turn=%s", turn_id)
         return True, ABORT_SIGNALED
@@ -103,40 +138,59 @@ class AgentService:
         order, controller = running.order, running.controller
         report = self.outlet.report_for(order.turn_id)
         tools: ToolRunner = (
-            Toolbox(self.workdir, self.provider, report) if self.workdir else NoTools()
+            Toolbox(
+                self.workdir,
+                self.provider,
+                report,
+                tally=running.tally,
+                step_signal=running.gentle.signal,
+            )
+            if self.workdir
+            else NoTools()
         )
-        agent = Agent(self.provider, tools, report)
+        agent = Agent(
+            self.provider, tools, report, tally=running.tally, step_signal=running.gentle.signal
+        )
         messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
+        reason: EndReason
         try:
             answer = await agent.run(messages, controller.signal)
             # An abort acknowledged as the last chunk arrived still ends the turn aborted:
             # the person was told "Abort signaled".
             controller.signal.throw_if_aborted()
-            success, message = True, _summary(answer)
+            success, message, reason = True, _summary(answer), "finished"
         except AbortTimeoutError as error:
             log.info("deadline turn=%s: %s", order.turn_id, error)
-            success, message = False, str(error)
+            success, message, reason = False, str(error), "deadline"
         except AbortError as error:
             log.info("aborted turn=%s by=%s", order.turn_id, error.cause)
-            success, message = True, ABORTED
+            success, message, reason = True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
         except ProviderError as error:
             log.warning("provider failed turn=%s: %s", order.turn_id, error)
-            success, message = False, str(error)
+            success, message, reason = False, str(error), "model_failed"
         except Exception as error:
             log.exception("work order failed turn=%s", order.turn_id)
-            success, message = False, f"The drone failed: {error}"
+            success, message, reason = False, f"The drone failed: {error}", "drone_failed"
         finally:
             if running.deadline is not None:
                 running.deadline.cancel()
             controller.close()
             self.running.pop(order.turn_id, None)
-        await self.outlet.complete(order.turn_id, success, message)
+            _remember(self.ended, order.turn_id)
+        ending = Ending(reason=reason, usage=running.tally.usage)
+        await self.outlet.complete(order.turn_id, success, message, ending)
 
     async def drain(self) -> None:
         """Wait for every running work order to end (after the root was aborted, say)."""
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _remember(recent: OrderedDict[str, None], turn_id: str) -> None:
+    recent[turn_id] = None
+    while len(recent) > REMEMBERED:
+        recent.popitem(last=False)
 
 
 def _summary(answer: str) -> str:

@@ -55,7 +55,7 @@ class BrowserConnection:
             return {"ok": False, "error": refusal(error)}
         if not self.submits.allow():
             return {"ok": False, "error": TOO_MANY_SUBMITS}
-        return await self.relay.turns.submit(self.owner, self.sid, request)
+        return await self.relay.turns.submit(self.user, self.sid, request)
 
     async def on_abort_work_order(self, *args: Any) -> tuple[bool, str]:
         try:

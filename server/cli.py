@@ -246,10 +246,11 @@ async def _drone_connected(runner: web.AppRunner, drone: asyncio.subprocess.Proc
 
 
 async def _stop_child(process: asyncio.subprocess.Process) -> None:
-    """Ctrl-C the drone (it aborts and reports its turns), then kill it if it lingers."""
+    """Shut the drone down (it aborts its turns and reports them aborted by a shutdown), then
+    kill it if it lingers."""
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), DRONE_STOP_TIMEOUT)
         except TimeoutError:

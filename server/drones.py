@@ -35,6 +35,7 @@ from .lanes import TurnLanes
 from .limits import one_payload, refusal
 from .live_state import DroneRoute
 from .relay import Relay
+from .store import Ending
 
 TOKEN_REQUIRED = "A drone token is required."
 INVALID_TOKEN = "Invalid drone token."
@@ -61,10 +62,18 @@ class DroneConnection:
         )
 
     async def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
-        if len(args) != 3:
-            return {"ok": False, "error": "Invalid payload (expected turnId, success, message)."}
+        if len(args) not in (3, 4):
+            return {
+                "ok": False,
+                "error": "Invalid payload (expected turnId, success, message and an ending).",
+            }
         try:
-            completion = Completion(turn_id=args[0], success=args[1], message=args[2])
+            completion = Completion(
+                turn_id=args[0],
+                success=args[1],
+                message=args[2],
+                ending=args[3] if len(args) == 4 else None,
+            )
         except ValidationError as error:
             return {"ok": False, "error": refusal(error)}
         drone_id = self.route.drone_id
@@ -118,7 +127,7 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
         for sid, connection in list(self.connections.items()):
             if connection.route.drone_id == revocation.revoked:
                 await self.relay.turns.end_drone_turns(
-                    connection.route.drone_id, "error", TOKEN_REVOKED
+                    connection.route.drone_id, Ending("error", TOKEN_REVOKED, "drone_failed")
                 )
                 await self.emit(DISMISSED, {"reason": TOKEN_REVOKED}, to=sid)
                 await self.server.disconnect(sid, namespace=DRONE_NAMESPACE)

@@ -12,6 +12,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from hangar.shared.protocol import Usage
+
 
 class RelayMetrics:
     def __init__(self) -> None:
@@ -41,8 +43,31 @@ class RelayMetrics:
             "Progress events relayed from drones to browsers.",
             registry=self.registry,
         )
+        self.endings = Counter(
+            "hangar_turn_endings",
+            "Turns ended by this relay, by why they ended.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "hangar_tokens",
+            "Tokens the turns ended by this relay used, as the model service reported them or "
+            "as estimated for streams it cut short.",
+            ["kind"],
+            registry=self.registry,
+        )
         for status in ("finished", "aborted", "error"):
             self.work_orders.labels(status)
+        for kind in ("prompt", "completion"):
+            self.tokens.labels(kind)
+
+    def ended(self, status: str, reason: str, usage: Usage | None) -> None:
+        """Count a turn's ending, and the tokens it used."""
+        self.work_orders.labels(status).inc()
+        self.endings.labels(reason).inc()
+        if usage is not None:
+            self.tokens.labels("prompt").inc(usage.prompt_tokens)
+            self.tokens.labels("completion").inc(usage.completion_tokens)
 
     async def serve(self, request: web.Request) -> web.Response:
         return web.Response(

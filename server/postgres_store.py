@@ -15,8 +15,21 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
+from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
-from .store import SessionBusyError, SessionRecord, TurnRecord
+from .store import (
+    INSERT_TURN,
+    Ending,
+    SessionBusyError,
+    SessionRecord,
+    TurnRecord,
+    end_turn_sql,
+    end_turn_values,
+    turn_values,
+)
+
+CLAIM_LOCK = 726542
+"""The advisory lock relays take turns on to claim queued turns (726541 is the migrations')."""
 
 MIGRATIONS = migrations("postgresql")
 
@@ -79,21 +92,7 @@ class PostgresTurnStore:
     async def create_turn(self, turn: TurnRecord) -> None:
         async with self.pool.acquire() as db, db.transaction():
             try:
-                await db.execute(
-                    "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
-                    " drone_id, created_at, ended_at)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                    turn.turn_id,
-                    turn.session_id,
-                    turn.owner,
-                    _pg(turn.prompt),
-                    turn.status,
-                    _pg(turn.result),
-                    _pg(turn.text),
-                    turn.drone_id,
-                    turn.created_at,
-                    turn.ended_at,
-                )
+                await db.execute(_numbered(INSERT_TURN), *_texts(turn_values(turn)))
             except asyncpg.UniqueViolationError as error:
                 if error.constraint_name == "one_processing_turn":
                     raise SessionBusyError() from None
@@ -105,7 +104,7 @@ class PostgresTurnStore:
         if row is None:
             return None
         if not messages:
-            return TurnRecord(**dict(row), messages=[])
+            return TurnRecord.of(dict(row))
         return (await self._with_messages([row]))[0]
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
@@ -118,17 +117,15 @@ class PostgresTurnStore:
         async with self.pool.acquire() as db:
             await _insert_messages(db, turn_id, messages)
 
-    async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
-        outcome = await self.pool.execute(
-            "UPDATE turns SET status = $1, result = $2, text = $3, ended_at = $4"
-            " WHERE turn_id = $5 AND status = 'processing'",
-            status,
-            _pg(result),
-            _pg(text),
-            time.time(),
-            turn_id,
-        )
-        return bool(outcome == "UPDATE 1")
+    async def end_turn(
+        self,
+        turn_id: str,
+        ending: Ending,
+        from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
+    ) -> TurnRecord | None:
+        values = _texts(end_turn_values(turn_id, ending, from_statuses))
+        row = await self.pool.fetchrow(_numbered(end_turn_sql(from_statuses)), *values)
+        return TurnRecord.of(dict(row)) if row is not None else None
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None
@@ -140,10 +137,29 @@ class PostgresTurnStore:
             owner,
             session_id,
         )
-        return [TurnRecord(**dict(row), messages=[]) for row in rows]
+        return [TurnRecord.of(dict(row)) for row in rows]
+
+    async def claim_queued(self, capacity: dict[str, int]) -> list[TurnRecord]:
+        async with self.pool.acquire() as db, db.transaction():
+            # One claim at a time across relays: the lock is the transaction's, released at its
+            # end. Each claim is a few queries, so relays take turns for milliseconds.
+            await db.execute("SELECT pg_advisory_xact_lock($1)", CLAIM_LOCK)
+            queue = [dict(row) for row in await db.fetch(QUEUE_ORDER)]
+            if not queue:
+                return []
+            running = {row[0]: row[1] for row in await db.fetch(RUNNING_PER_DRONE)}
+            now = time.time()
+            rows = {row["turn_id"]: row for row in queue}
+            claimed = []
+            for turn_id, drone in choose(queue, capacity, running):
+                if await db.execute(_numbered(CLAIM), drone, now, turn_id) == "UPDATE 1":
+                    turn = TurnRecord.of(rows[turn_id])
+                    turn.status, turn.drone_id, turn.started_at = "processing", drone, now
+                    claimed.append(turn)
+            return claimed
 
     async def _with_messages(self, rows: list[Any]) -> list[TurnRecord]:
-        turns = [TurnRecord(**dict(row), messages=[]) for row in rows]
+        turns = [TurnRecord.of(dict(row)) for row in rows]
         if not turns:
             return turns
         by_id = {turn.turn_id: turn for turn in turns}
@@ -172,6 +188,10 @@ def _numbered(sql: str) -> str:
     """``?`` placeholders as PostgreSQL's ``$1``, ``$2``, …"""
     parts = sql.split("?")
     return "".join(f"{part}${n}" for n, part in enumerate(parts[:-1], start=1)) + parts[-1]
+
+
+def _texts(values: tuple[Any, ...]) -> list[Any]:
+    return [_pg(value) if isinstance(value, str) else value for value in values]
 
 
 def _pg(text: str | None) -> str | None:

@@ -13,24 +13,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
-from hangar.shared.protocol import ABORTED, TurnStatus
+from hangar.shared.protocol import ABORTED
 
 from .background import Later
 from .directory import DroneDirectory
-from .store import TurnStore
+from .store import Ending, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
 SWEEP_INTERVAL = 1.0
+DRONE_LOST = Ending("error", "The drone disconnected.", "drone_lost")
+RELAY_RESTARTED = Ending("error", "The relay restarted.", "relay_restarted")
 
 
 class Endings(Protocol):
     """What the reaper needs of the turn lifecycle."""
 
-    async def end_turn(self, turn_id: str, status: TurnStatus, message: str) -> bool: ...
+    async def end_turn(self, turn_id: str, ending: Ending) -> bool: ...
 
     def keep_live(self, processing: set[str]) -> None:
         """Forget live turns not in ``processing`` (another relay ended them)."""
@@ -57,9 +60,12 @@ class Reaper:
         """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
         self.missing_since: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._tick: Callable[[], None] = lambda: None
 
-    def start(self, endings: Endings) -> None:
+    def start(self, endings: Endings, tick: Callable[[], None] = lambda: None) -> None:
+        """Begin the sweep; ``tick`` runs with every sweep (the dispatcher's safety net)."""
         self.endings = endings
+        self._tick = tick
         self._sweeper = asyncio.ensure_future(self._sweep_forever())
 
     def close(self) -> None:
@@ -89,7 +95,7 @@ class Reaper:
     async def _abort_watchdog(self, turn_id: str) -> None:
         self.timers.pop(turn_id, None)
         assert self.endings is not None
-        if await self.endings.end_turn(turn_id, "aborted", ABORTED):
+        if await self.endings.end_turn(turn_id, Ending("aborted", ABORTED, "unanswered")):
             log.warning("abort watchdog ended turn=%s: no completion from the drone", turn_id)
 
     async def _orphan_timeout(self, turn_id: str, drone_id: str) -> None:
@@ -97,11 +103,12 @@ class Reaper:
         if await self.directory.runs(drone_id, turn_id):
             return  # the drone came back (maybe to another relay) and still runs it
         assert self.endings is not None
-        await self.endings.end_turn(turn_id, "error", "The drone disconnected.")
+        await self.endings.end_turn(turn_id, DRONE_LOST)
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
+            self._tick()
             try:
                 await self.sweep()
             except Exception:
@@ -122,5 +129,5 @@ class Reaper:
             first = self.missing_since.setdefault(turn.turn_id, now)
             if now - first >= self.drone_grace:
                 restarted = turn.created_at < self.started_at
-                reason = "The relay restarted." if restarted else "The drone disconnected."
-                await self.endings.end_turn(turn.turn_id, "error", reason)
+                ending = RELAY_RESTARTED if restarted else DRONE_LOST
+                await self.endings.end_turn(turn.turn_id, ending)

@@ -11,12 +11,13 @@ import socketio
 from .accounts import Accounts
 from .background import Background
 from .directory import DroneDirectory
+from .dispatch import Dispatcher
 from .live_state import LiveState
 from .metrics import RelayMetrics
 from .reaper import Reaper
 from .rooms import Rooms
 from .store import TurnStore
-from .turns import TurnLifecycle
+from .turns import QUEUE_LIMIT, TurnLifecycle
 
 
 class Relay:
@@ -29,6 +30,7 @@ class Relay:
         drone_token: str,
         abort_grace: float = 10.0,
         drone_grace: float = 3.0,
+        queue_limit: int = QUEUE_LIMIT,
     ) -> None:
         self.store = store
         self.sio = sio
@@ -46,13 +48,22 @@ class Relay:
             abort_grace=abort_grace,
             drone_grace=drone_grace,
         )
+        self.dispatcher = Dispatcher(store, live_state, self.directory, self.rooms, self.background)
         self.turns = TurnLifecycle(
-            store, live_state, self.directory, self.rooms, self.reaper, self.metrics
+            store,
+            live_state,
+            self.directory,
+            self.rooms,
+            self.reaper,
+            self.dispatcher,
+            self.metrics,
+            queue_limit=queue_limit,
         )
 
     async def start(self) -> None:
         await self.live_state.start()
-        self.reaper.start(self.turns)
+        self.dispatcher.start(self.turns)
+        self.reaper.start(self.turns, self.dispatcher.wake)
 
     async def close(self) -> None:
         self.reaper.close()

@@ -12,6 +12,7 @@ import socketio
 
 from hangar.shared.protocol import IDE_NAMESPACE, SESSIONS
 
+from . import queue
 from .accounts import Accounts, User
 from .live_state import LiveState
 from .store import SessionRecord, TurnStore
@@ -75,9 +76,16 @@ class Rooms:
             if turn.status == "processing":
                 processing = turn.turn_id
                 turn.text, turn.text_seq = await self.live.text(turn.turn_id)
+        views = [turn.view() for turn in turns]
+        if any(turn.status == "queued" for turn in turns):
+            where = {
+                p.turn_id: p.position for p in queue.places(await queue.queue_order(self.store))
+            }
+            for view in views:
+                view.position = where.get(view.turn_id) if view.status == "queued" else None
         names = await self.accounts.names({session.owner} - {viewer.user_id})
         return {
             "ok": True,
             "session": session.view(processing, names.get(session.owner)).wire(),
-            "turns": [turn.view().wire() for turn in turns],
+            "turns": [view.wire() for view in views],
         }

@@ -1,8 +1,9 @@
 """The store's schema, written once for both databases.
 
 Each migration is SQL that SQLite and PostgreSQL both understand, with ``{real}``, ``{serial}``
-and ``{json}`` standing for the few types they spell differently. A store applies those newer
-than its recorded version, in order, and records the new version in the same transaction.
+and ``{json}`` standing for the few types they spell differently; where they cannot share one
+(SQLite cannot change a CHECK constraint, it rebuilds the table), a migration has a script per
+database. A store applies those newer than its recorded version, in order.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ TYPES: dict[Dialect, dict[str, str]] = {
     },
 }
 
-MIGRATIONS = [
+TURN_COLUMNS = (
+    "turn_id, session_id, owner, prompt, status, result, text, drone_id, created_at, ended_at"
+)
+
+MIGRATIONS: list[str | dict[Dialect, str]] = [
     """
     CREATE TABLE sessions (
         session_id TEXT PRIMARY KEY,
@@ -105,9 +110,65 @@ MIGRATIONS = [
         at {real} NOT NULL
     );
     """,
+    # The queue and honest endings: turns may wait ("queued"), for a drone the person picked;
+    # every ending stores why and who; an abort asked for is kept; tokens used are counted.
+    {
+        "postgresql": """
+        ALTER TABLE turns DROP CONSTRAINT turns_status_check;
+        ALTER TABLE turns ADD CONSTRAINT turns_status_check
+            CHECK (status IN ('queued', 'processing', 'finished', 'aborted', 'error'));
+        ALTER TABLE turns ADD COLUMN wanted_drone TEXT;
+        ALTER TABLE turns ADD COLUMN started_at DOUBLE PRECISION;
+        ALTER TABLE turns ADD COLUMN reason TEXT;
+        ALTER TABLE turns ADD COLUMN ended_by TEXT;
+        ALTER TABLE turns ADD COLUMN abort_requested_by TEXT;
+        ALTER TABLE turns ADD COLUMN prompt_tokens INTEGER;
+        ALTER TABLE turns ADD COLUMN completion_tokens INTEGER;
+        ALTER TABLE turns ADD COLUMN usage_estimated INTEGER;
+        CREATE INDEX turns_queued ON turns (created_at) WHERE status = 'queued';
+        CREATE INDEX turns_drone ON turns (drone_id) WHERE status = 'processing';
+        CREATE INDEX turns_served ON turns (owner, started_at);
+        """,
+        "sqlite": f"""
+        CREATE TABLE turns_next (
+            turn_id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions (session_id),
+            owner TEXT NOT NULL,
+            prompt TEXT NOT NULL,
+            status TEXT NOT NULL
+                CHECK (status IN ('queued', 'processing', 'finished', 'aborted', 'error')),
+            result TEXT,
+            text TEXT NOT NULL DEFAULT '',
+            drone_id TEXT,
+            created_at REAL NOT NULL,
+            ended_at REAL,
+            wanted_drone TEXT,
+            started_at REAL,
+            reason TEXT,
+            ended_by TEXT,
+            abort_requested_by TEXT,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            usage_estimated INTEGER
+        );
+        INSERT INTO turns_next ({TURN_COLUMNS}) SELECT {TURN_COLUMNS} FROM turns;
+        DROP TABLE turns;
+        ALTER TABLE turns_next RENAME TO turns;
+        CREATE INDEX turns_session ON turns (session_id, created_at);
+        CREATE INDEX turns_processing ON turns (status) WHERE status = 'processing';
+        CREATE UNIQUE INDEX one_processing_turn ON turns (session_id)
+            WHERE status = 'processing';
+        CREATE INDEX turns_queued ON turns (created_at) WHERE status = 'queued';
+        CREATE INDEX turns_drone ON turns (drone_id) WHERE status = 'processing';
+        CREATE INDEX turns_served ON turns (owner, started_at);
+        """,
+    },
 ]
 
 
 def migrations(dialect: Dialect) -> list[str]:
     """Every migration, rendered for ``dialect``; migration N is at index N - 1."""
-    return [script.format(**TYPES[dialect]) for script in MIGRATIONS]
+    return [
+        (script if isinstance(script, str) else script[dialect]).format(**TYPES[dialect])
+        for script in MIGRATIONS
+    ]

@@ -13,8 +13,18 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
+from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
-from .store import SessionBusyError, SessionRecord, TurnRecord
+from .store import (
+    INSERT_TURN,
+    Ending,
+    SessionBusyError,
+    SessionRecord,
+    TurnRecord,
+    end_turn_sql,
+    end_turn_values,
+    turn_values,
+)
 
 T = TypeVar("T")
 
@@ -48,12 +58,8 @@ class SqliteTurnStore:
         # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
         # commits); FULL would fsync every commit, measured at 2.5 ms each here.
         conn.execute("PRAGMA synchronous=NORMAL")
+        _migrate(conn)
         conn.execute("PRAGMA foreign_keys=ON")
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            conn.executescript(script)
-            conn.execute(f"PRAGMA user_version = {number}")
-        conn.commit()
         return conn
 
     async def close(self) -> None:
@@ -121,22 +127,7 @@ class SqliteTurnStore:
 
     async def create_turn(self, turn: TurnRecord) -> None:
         def insert(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO turns (turn_id, session_id, owner, prompt, status, result, text,"
-                " drone_id, created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    turn.turn_id,
-                    turn.session_id,
-                    turn.owner,
-                    turn.prompt,
-                    turn.status,
-                    turn.result,
-                    turn.text,
-                    turn.drone_id,
-                    turn.created_at,
-                    turn.ended_at,
-                ),
-            )
+            conn.execute(INSERT_TURN, turn_values(turn))
             _insert_messages(conn, turn.turn_id, turn.messages)
 
         try:
@@ -151,7 +142,7 @@ class SqliteTurnStore:
             row = self.conn.execute("SELECT * FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
             if row is None:
                 return None
-            return _with_messages(self.conn, [row])[0] if messages else TurnRecord(**dict(row))
+            return _with_messages(self.conn, [row])[0] if messages else TurnRecord.of(dict(row))
 
         return await self._call(read)
 
@@ -168,14 +159,17 @@ class SqliteTurnStore:
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         await self._write(lambda conn: _insert_messages(conn, turn_id, messages))
 
-    async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
-        def update(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
-                "UPDATE turns SET status = ?, result = ?, text = ?, ended_at = ?"
-                " WHERE turn_id = ? AND status = 'processing'",
-                (status, result, text, time.time(), turn_id),
-            )
-            return cursor.rowcount == 1
+    async def end_turn(
+        self,
+        turn_id: str,
+        ending: Ending,
+        from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
+    ) -> TurnRecord | None:
+        sql, values = end_turn_sql(from_statuses), end_turn_values(turn_id, ending, from_statuses)
+
+        def update(conn: sqlite3.Connection) -> TurnRecord | None:
+            row = conn.execute(sql, values).fetchone()
+            return TurnRecord.of(dict(row)) if row is not None else None
 
         return await self._write(update)
 
@@ -188,7 +182,56 @@ class SqliteTurnStore:
             " ORDER BY created_at",
             (owner, owner, session_id, session_id),
         )
-        return [TurnRecord(**dict(row)) for row in rows]
+        return [TurnRecord.of(dict(row)) for row in rows]
+
+    async def claim_queued(self, capacity: dict[str, int]) -> list[TurnRecord]:
+        # One call on the store's thread: nothing else reaches the file in between (a SQLite
+        # file has one relay).
+        def claim(conn: sqlite3.Connection) -> list[TurnRecord]:
+            queue = [dict(row) for row in conn.execute(QUEUE_ORDER)]
+            if not queue:
+                return []
+            running = {row[0]: row[1] for row in conn.execute(RUNNING_PER_DRONE)}
+            now = time.time()
+            rows = {row["turn_id"]: row for row in queue}
+            claimed = []
+            for turn_id, drone in choose(queue, capacity, running):
+                if conn.execute(CLAIM, (drone, now, turn_id)).rowcount == 1:
+                    claimed.append(_claimed(rows[turn_id], drone, now))
+            return claimed
+
+        return await self._write(claim)
+
+
+def _claimed(row: dict[str, Any], drone: str, at: float) -> TurnRecord:
+    turn = TurnRecord.of(row)
+    turn.status, turn.drone_id, turn.started_at = "processing", drone, at
+    return turn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Apply the migrations this file lacks, all in one transaction that holds the write lock
+    (another process opening the file meanwhile waits, then finds them done). Foreign keys are
+    off meanwhile, as SQLite's table rebuilds need."""
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.isolation_level = None
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+            if conn.execute("PRAGMA foreign_key_check").fetchall():
+                raise sqlite3.IntegrityError("The migrated database breaks a foreign key.")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        conn.isolation_level = "DEFERRED"
 
 
 def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage]) -> None:
@@ -200,7 +243,7 @@ def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[Chat
 
 
 def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[TurnRecord]:
-    turns = [TurnRecord(**dict(row)) for row in rows]
+    turns = [TurnRecord.of(dict(row)) for row in rows]
     if not turns:
         return turns
     by_id = {turn.turn_id: turn for turn in turns}

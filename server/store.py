@@ -2,16 +2,24 @@
 
 Handlers never write SQL; they call a ``TurnStore``. The SQLite implementation is the embedded
 default; any other database implements the same protocol. Turn status is a state machine
-``processing -> finished | aborted | error`` whose first terminal write wins.
+``queued -> processing -> finished | aborted | error`` (a queued turn may also end at once)
+whose first terminal write wins; claiming queued turns for drones is atomic across relays.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from hangar.shared.protocol import ChatMessage, SessionView, TurnStatus, TurnView
+from hangar.shared.protocol import (
+    ChatMessage,
+    EndReason,
+    SessionView,
+    TurnStatus,
+    TurnView,
+    Usage,
+)
 
 
 @dataclass
@@ -48,6 +56,34 @@ class TurnRecord:
     messages: list[ChatMessage] = field(default_factory=list)
     text_seq: int = 0
     """Live only: how many text deltas ``text`` holds while the turn is processing."""
+    wanted_drone: str | None = None
+    """The drone the person picked (None: any)."""
+    started_at: float | None = None
+    reason: EndReason | None = None
+    ended_by: str | None = None
+    abort_requested_by: str | None = None
+    """Who asked for an abort (kept, so a drone heard from later still gets it)."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_estimated: int | None = None
+
+    @classmethod
+    def of(cls, row: dict[str, Any], messages: list[ChatMessage] | None = None) -> TurnRecord:
+        """A record from a stored row (columns it does not know, as a query's, are skipped)."""
+        known = {f.name for f in fields(cls)}
+        turn = cls(**{k: v for k, v in row.items() if k in known})
+        turn.messages = messages if messages is not None else []
+        return turn
+
+    @property
+    def usage(self) -> Usage | None:
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return Usage(
+            prompt_tokens=self.prompt_tokens or 0,
+            completion_tokens=self.completion_tokens or 0,
+            estimated=bool(self.usage_estimated),
+        )
 
     def view(self) -> TurnView:
         return TurnView(
@@ -61,7 +97,80 @@ class TurnRecord:
             drone_id=self.drone_id,
             created_at=self.created_at,
             messages=self.messages,
+            reason=self.reason,
+            ended_by=self.ended_by,
+            usage=self.usage,
+            wanted_drone_id=self.wanted_drone if self.status == "queued" else None,
         )
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a turn ends: the terminal write, whoever makes it."""
+
+    status: TurnStatus
+    result: str
+    reason: EndReason
+    text: str = ""
+    ended_by: str | None = None
+    usage: Usage | None = None
+
+
+TURN_COLUMNS = (
+    "turn_id, session_id, owner, prompt, status, result, text, drone_id, created_at, ended_at,"
+    " wanted_drone, started_at"
+)
+INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
+    """The values of ``INSERT_TURN`` for a new turn."""
+    return (
+        turn.turn_id,
+        turn.session_id,
+        turn.owner,
+        turn.prompt,
+        turn.status,
+        turn.result,
+        turn.text,
+        turn.drone_id,
+        turn.created_at,
+        turn.ended_at,
+        turn.wanted_drone,
+        turn.started_at,
+    )
+
+
+def end_turn_sql(from_statuses: tuple[TurnStatus, ...]) -> str:
+    """The terminal write: first write wins. An ending on a person's abort names who asked."""
+    marks = ", ".join("?" for _ in from_statuses)
+    return (
+        "UPDATE turns SET status = ?, result = ?, text = ?, ended_at = ?, reason = ?,"
+        " ended_by = COALESCE(?, CASE WHEN ? IN ('aborted', 'unanswered')"
+        " THEN abort_requested_by END),"
+        " prompt_tokens = ?, completion_tokens = ?, usage_estimated = ?"
+        f" WHERE turn_id = ? AND status IN ({marks}) RETURNING *"
+    )
+
+
+def end_turn_values(
+    turn_id: str, ending: Ending, from_statuses: tuple[TurnStatus, ...]
+) -> tuple[Any, ...]:
+    usage = ending.usage
+    return (
+        ending.status,
+        ending.result,
+        ending.text,
+        time.time(),
+        ending.reason,
+        ending.ended_by,
+        ending.reason,
+        usage.prompt_tokens if usage else None,
+        usage.completion_tokens if usage else None,
+        int(usage.estimated) if usage else None,
+        turn_id,
+        *from_statuses,
+    )
 
 
 class Database(Protocol):
@@ -92,10 +201,8 @@ class TurnStore(Database, Protocol):
         """The owner's sessions (everyone's for None), newest first."""
 
     async def create_turn(self, turn: TurnRecord) -> None:
-        """Store a new turn (status ``processing``) with its first messages.
-
-        Raises ``SessionBusyError`` if the session already has a processing turn.
-        """
+        """Store a new turn (``queued``, or ``processing`` with its drone) with its first
+        messages. Raises ``SessionBusyError`` for a second processing turn in a session."""
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
         """The turn, with its messages unless ``messages`` is False."""
@@ -106,10 +213,16 @@ class TurnStore(Database, Protocol):
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         """Append finished messages to a turn's part of the conversation."""
 
-    async def end_turn(self, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
-        """Move a ``processing`` turn to a terminal status.
+    async def end_turn(
+        self,
+        turn_id: str,
+        ending: Ending,
+        from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
+    ) -> TurnRecord | None:
+        """Move a turn in one of ``from_statuses`` to its ending's terminal status; returns it
+        as ended (without its messages).
 
-        Returns False (and changes nothing) if the turn had already ended: first write wins.
+        Returns None (and changes nothing) if the turn had already ended: first write wins.
         """
 
     async def processing_turns(
@@ -117,10 +230,24 @@ class TurnStore(Database, Protocol):
     ) -> list[TurnRecord]:
         """Processing turns (without their messages), oldest first, optionally filtered."""
 
+    async def claim_queued(self, capacity: dict[str, int]) -> list[TurnRecord]:
+        """Start the queued turns the drones can take now, in the queue's fair order.
 
-async def session_history(store: TurnStore, session_id: str) -> list[ChatMessage]:
-    """The conversation so far, as the provider will see it: every turn's messages in order."""
+        ``capacity`` is each online drone's concurrency; its free slots are that minus the
+        turns processing on it. Atomic across relays: each turn is claimed once, and no drone
+        gets more than its slots. Returns the claimed turns (now ``processing``, ``drone_id``
+        set).
+        """
+
+
+async def session_history(
+    store: TurnStore, session_id: str, before: TurnRecord | None = None
+) -> list[ChatMessage]:
+    """The conversation so far, as the provider will see it: every turn's messages in order
+    (only the turns before ``before``, when given)."""
     history: list[ChatMessage] = []
     for turn in await store.list_turns(session_id):
+        if before is not None and turn.turn_id == before.turn_id:
+            break
         history.extend(turn.messages)
     return history

@@ -1,8 +1,9 @@
 """The turn lifecycle: submit, abort, progress, complete, and ending each turn exactly once.
 
-Turns live in the store, whose conditional update makes the first terminal write win; the live
-text and aborts in flight are in the relays' shared live state. A relay keeps in memory only the
-turns run by drones connected to it (``live``).
+A submitted turn is stored ``queued`` and the dispatcher starts it on a drone with room (at
+once, when one is free). Turns live in the store, whose conditional update makes the first
+terminal write win; the live text and aborts in flight are in the relays' shared live state. A
+relay keeps in memory only the turns run by drones connected to it (``live``).
 """
 
 from __future__ import annotations
@@ -10,44 +11,55 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import socketio
 
 from hangar.shared.protocol import (
+    ABORT_SIGNALED,
     ABORT_WORK_ORDER,
+    ABORTED,
     DRONE_OFFLINE,
     NO_ACTIVE_WORK_ORDER,
+    TURN_ENDED,
     TURN_STARTED,
     UNKNOWN_TURN,
-    WORK_ORDER,
     WORK_ORDER_COMPLETE,
     WORK_ORDER_PROGRESS,
+    AbortOrder,
     AbortWorkOrderRequest,
     ChatMessage,
     Completion,
+    EndReason,
     MessageAdded,
     SubmitWorkOrder,
     TextDelta,
     ToolActivity,
+    TurnEnded,
     TurnStatus,
-    WorkOrder,
     session_title,
 )
 
+from . import queue
 from .accounts import User
 from .directory import DRONE_CALL_TIMEOUT, DroneDirectory
+from .dispatch import Dispatcher
 from .live_state import DroneRoute, LiveState
 from .metrics import RelayMetrics
 from .reaper import Reaper
 from .rooms import Rooms
-from .store import SessionBusyError, SessionRecord, TurnRecord, TurnStore, session_history
+from .store import Ending, SessionRecord, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
-TURN_ENDED = "The turn has already ended."
-SESSION_BUSY = "This session already has a turn in progress."
+TURN_ENDED_ALREADY = "The turn has already ended."
+QUEUE_LIMIT = 20
+"""Turns one person may have waiting at once."""
+
+
+def queue_full(limit: int) -> str:
+    return f"You have {limit} work orders waiting; cancel some or wait for them to start."
 
 
 def new_id(prefix: str) -> str:
@@ -72,20 +84,28 @@ class TurnLifecycle:
         directory: DroneDirectory,
         rooms: Rooms,
         reaper: Reaper,
+        dispatcher: Dispatcher,
         metrics: RelayMetrics,
+        *,
+        queue_limit: int = QUEUE_LIMIT,
     ) -> None:
         self.store = store
         self.live_state = live_state
         self.directory = directory
         self.rooms = rooms
         self.reaper = reaper
+        self.dispatcher = dispatcher
         self.metrics = metrics
+        self.queue_limit = queue_limit
         self.live: dict[str, LiveTurn] = {}
         """Turns run by drones connected to this relay."""
+        self.abort_asked_by: dict[str, str] = {}
+        """Who asked (through this relay) to abort a turn still processing."""
 
     # ---- browsers
 
-    async def submit(self, owner: str, sid: str, request: SubmitWorkOrder) -> dict[str, Any]:
+    async def submit(self, viewer: User, sid: str, request: SubmitWorkOrder) -> dict[str, Any]:
+        owner = viewer.user_id
         if request.session_id is not None:
             session = await self.store.get_session(request.session_id)
             if session is None or session.owner != owner:
@@ -93,73 +113,77 @@ class TurnLifecycle:
         else:
             session = SessionRecord(new_id("s"), owner, session_title(request.prompt))
             await self.store.create_session(session)
-        history = await session_history(self.store, session.session_id)
-        turn_id = new_id("t")
-        drone, refusal = await self.directory.pick(request.drone_id)
-        if drone is not None:
-            # Reserve the slot now, so concurrent submits spread over the drones.
-            await self.live_state.add_running(drone.drone_id, turn_id)
+        if await queue.queued_count(self.store, owner) >= self.queue_limit:
+            return {"ok": False, "error": queue_full(self.queue_limit)}
         turn = TurnRecord(
-            turn_id=turn_id,
+            turn_id=new_id("t"),
             session_id=session.session_id,
             owner=owner,
             prompt=request.prompt,
-            drone_id=drone.drone_id if drone else None,
+            status="queued",
+            wanted_drone=request.drone_id,
             messages=[ChatMessage(role="user", content=request.prompt)],
         )
-        try:
-            await self.store.create_turn(turn)
-        except BaseException as error:
-            if drone is not None:
-                await self.live_state.remove_running(drone.drone_id, turn_id)
-            if isinstance(error, SessionBusyError):
-                return {"ok": False, "error": SESSION_BUSY}
-            raise
+        await self.store.create_turn(turn)
         await self.rooms.join_session(sid, session.session_id)
         await self.rooms.to_session(session.session_id, TURN_STARTED, turn.view().wire())
         await self.rooms.send_sessions(owner)
-        accepted = {"ok": True, "turnId": turn_id, "sessionId": session.session_id}
-        if drone is None:
-            await self.end_turn(turn_id, "error", refusal)
-            return accepted
-        await self.directory.broadcast()
-        await self._send_order(turn, drone, history)
-        return accepted
-
-    async def _send_order(
-        self, turn: TurnRecord, drone: DroneRoute, history: list[ChatMessage]
-    ) -> None:
-        order = WorkOrder(
-            turn_id=turn.turn_id, session_id=turn.session_id, prompt=turn.prompt, history=history
-        )
-        log.info("work order sent turn=%s drone=%s", turn.turn_id, drone.drone_id)
-        try:
-            answer = await self.directory.call(WORK_ORDER, order.wire(), drone)
-        except socketio.exceptions.TimeoutError:
-            answer = {"ok": False, "error": "The drone did not accept the work order in time."}
-        except socketio.exceptions.SocketIOError:
-            answer = {"ok": False, "error": "The drone disconnected."}
-        if not (isinstance(answer, dict) and answer.get("ok") is True):
-            reason = answer.get("error") if isinstance(answer, dict) else None
-            await self.end_turn(
-                turn.turn_id, "error", str(reason or "The drone refused the work order.")
-            )
+        if request.mode == "interrupt":
+            for running in await self.store.processing_turns(session_id=session.session_id):
+                await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
+        await self.dispatcher.dispatch()
+        return {"ok": True, "turnId": turn.turn_id, "sessionId": session.session_id}
 
     async def abort(self, viewer: User, request: AbortWorkOrderRequest) -> tuple[bool, str]:
-        turn_id = request.turn_id
-        if turn_id is None:
+        """Abort a queued turn at once, or tell the drone running it (the intent is kept)."""
+        turn = await self._abort_target(viewer, request)
+        if isinstance(turn, str):
+            return False, turn
+        if turn.status == "queued" and request.mode == "now":
+            ending = Ending("aborted", ABORTED, "aborted", ended_by=viewer.name)
+            if await self.end_turn(turn.turn_id, ending, from_statuses=("queued",)):
+                log.info("abort turn=%s before it started", turn.turn_id)
+                return True, ABORT_SIGNALED
+            turn = await self.store.get_turn(turn.turn_id, messages=False) or turn  # it started
+        if turn.status != "processing":
+            return False, NO_ACTIVE_WORK_ORDER
+        self.abort_asked_by[turn.turn_id] = viewer.name
+        self.dispatcher.background.spawn(queue.request_abort(self.store, turn.turn_id, viewer.name))
+        route = self.directory.here(turn.drone_id or "") or (
+            await self.live_state.drone(turn.drone_id) if turn.drone_id else None
+        )
+        if route is None:
+            return False, DRONE_OFFLINE
+        return await self._tell_drone(turn.turn_id, route, request.mode)
+
+    async def _abort_target(self, viewer: User, request: AbortWorkOrderRequest) -> TurnRecord | str:
+        """The turn an abort is for, or why there is none. Someone else's turn is refused as
+        an unknown one: a refusal tells nothing of others."""
+        if request.turn_id is None:
             owner = None if viewer.admin and request.session_id else viewer.user_id
             mine = await self.store.processing_turns(owner=owner, session_id=request.session_id)
             if not mine:
-                return False, NO_ACTIVE_WORK_ORDER
-            turn_id = mine[-1].turn_id
-        route, refusal = await self._abort_route(viewer, turn_id)
-        if route is None:
-            return False, refusal
+                return NO_ACTIVE_WORK_ORDER
+            return mine[-1]
+        live = self.live.get(request.turn_id)
+        if live is not None and self.directory.here(live.drone_id) is not None:
+            # The turn's drone is connected here: no store round trip before the drone's answer.
+            if not viewer.may_see(live.owner):
+                return UNKNOWN_TURN
+            return TurnRecord(
+                live.turn_id, live.session_id, live.owner, "", "processing", drone_id=live.drone_id
+            )
+        turn = await self.store.get_turn(request.turn_id, messages=False)
+        if turn is None or not viewer.may_see(turn.owner):
+            return UNKNOWN_TURN
+        return turn
+
+    async def _tell_drone(self, turn_id: str, route: DroneRoute, mode: str) -> tuple[bool, str]:
         requested_at = time.monotonic()
         await self.live_state.abort_started(turn_id)
+        order = AbortOrder(turn_id=turn_id, mode="after_step" if mode == "after_step" else "now")
         try:
-            answer = await self.directory.call(ABORT_WORK_ORDER, {"turnId": turn_id}, route)
+            answer = await self.directory.call(ABORT_WORK_ORDER, order.wire(), route)
         except socketio.exceptions.TimeoutError:
             return False, "The drone did not answer the abort."
         except socketio.exceptions.SocketIOError:
@@ -177,29 +201,16 @@ class TurnLifecycle:
             message,
             (time.monotonic() - requested_at) * 1000,
         )
-        if success:
+        if success and mode == "now":
             self.reaper.watch_abort(turn_id)
         return success, message
 
-    async def _abort_route(self, viewer: User, turn_id: str) -> tuple[DroneRoute | None, str]:
-        """Where to send an abort of ``turn_id``, or why there is nowhere to send it.
-
-        Someone else's turn is refused as an unknown one: a refusal tells nothing of others.
-        """
-        live = self.live.get(turn_id)
-        local = self.directory.here(live.drone_id) if live else None
-        if live is not None and local is not None:
-            # The turn's drone is connected here: answer from memory, no store round trip.
-            return (local, "") if viewer.may_see(live.owner) else (None, UNKNOWN_TURN)
-        turn = await self.store.get_turn(turn_id, messages=False)
-        if turn is None or not viewer.may_see(turn.owner):
-            return None, UNKNOWN_TURN
-        if turn.status != "processing":
-            return None, NO_ACTIVE_WORK_ORDER
-        route = await self.live_state.drone(turn.drone_id) if turn.drone_id else None
-        return (route, "") if route is not None else (None, DRONE_OFFLINE)
-
     # ---- drones
+
+    async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
+        """End every turn the drone runs now, without waiting for it."""
+        for turn_id in await self.live_state.running(drone_id):
+            await self.end_turn(turn_id, ending)
 
     async def drone_joined(self, route: DroneRoute, claimed: list[str]) -> None:
         """Register a drone; the turns it still runs (after a reconnect) stay its own."""
@@ -210,11 +221,7 @@ class TurnLifecycle:
                 running.append(turn_id)
                 self.reaper.forget(turn_id)
         await self.directory.join(route, running)
-
-    async def end_drone_turns(self, drone_id: str, status: TurnStatus, message: str) -> None:
-        """End every turn the drone runs now, without waiting for it."""
-        for turn_id in await self.live_state.running(drone_id):
-            await self.end_turn(turn_id, status, message)
+        self.dispatcher.wake()
 
     async def drone_left(self, route: DroneRoute) -> None:
         """A drone's connection closed: its turns end unless it comes back in time."""
@@ -244,7 +251,14 @@ class TurnLifecycle:
         if isinstance(live, str):
             log.info("completion ignored turn=%s: %s", completion.turn_id, live)
             return {"ok": False, "error": live}
-        await self.end_turn(completion.turn_id, completion.status, completion.message)
+        status = completion.status
+        reason: EndReason = (
+            completion.ending.reason if completion.ending is not None else _reason_of(status)
+        )
+        by = self.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
+        usage = completion.ending.usage if completion.ending is not None else None
+        ending = Ending(status, completion.message, reason, ended_by=by, usage=usage)
+        await self.end_turn(completion.turn_id, ending)
         return {"ok": True}
 
     async def _attach(self, drone_id: str, turn_id: str) -> LiveTurn | str:
@@ -256,41 +270,73 @@ class TurnLifecycle:
         if turn is None or turn.drone_id != drone_id:
             return UNKNOWN_TURN
         if turn.status != "processing":
-            return TURN_ENDED
+            return TURN_ENDED_ALREADY
         live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
         return self.live.setdefault(turn_id, live)
 
     # ---- ending turns
 
-    async def end_turn(self, turn_id: str, status: TurnStatus, message: str) -> bool:
+    async def end_turn(
+        self,
+        turn_id: str,
+        ending: Ending,
+        from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
+    ) -> bool:
         """End a turn once: the first terminal write wins, later ones are logged and ignored."""
         text, _ = await self.live_state.text(turn_id)
-        if not await self.store.end_turn(turn_id, status, message, text):
-            log.info("late end ignored turn=%s status=%s", turn_id, status)
+        ended = await self.store.end_turn(
+            turn_id,
+            replace(ending, text=text or ending.text),
+            from_statuses,
+        )
+        if ended is None:
+            log.info("late end ignored turn=%s status=%s", turn_id, ending.status)
             return False
         self.reaper.forget(turn_id)
-        turn: LiveTurn | TurnRecord | None = self.live.pop(turn_id, None)
-        if turn is None:
-            turn = await self.store.get_turn(turn_id, messages=False)
-        assert turn is not None
-        if turn.drone_id:
-            await self.live_state.remove_running(turn.drone_id, turn_id)
+        self.live.pop(turn_id, None)
+        self.abort_asked_by.pop(turn_id, None)
+        if ended.drone_id:
+            await self.live_state.remove_running(ended.drone_id, turn_id)
         await self.live_state.forget_text(turn_id)
         # The abort ack and the completion are separate; the ack goes first.
         await self.live_state.wait_abort_answered(turn_id, DRONE_CALL_TIMEOUT)
-        self.metrics.work_orders.labels(status).inc()
-        log.info("turn ended turn=%s drone=%s status=%s", turn_id, turn.drone_id, status)
-        success = status != "error"
-        await self.rooms.to_session(
-            turn.session_id, WORK_ORDER_COMPLETE, (turn_id, success, message)
+        self.metrics.ended(ended.status, ending.reason, ending.usage)
+        log.info(
+            "turn ended turn=%s drone=%s status=%s reason=%s",
+            turn_id,
+            ended.drone_id,
+            ended.status,
+            ending.reason,
         )
-        await self.rooms.send_sessions(turn.owner)
+        success = ended.status != "error"
+        await self.rooms.to_session(
+            ended.session_id, WORK_ORDER_COMPLETE, (turn_id, success, ending.result)
+        )
+        event = TurnEnded(
+            turn_id=turn_id,
+            session_id=ended.session_id,
+            status=ended.status,
+            reason=ending.reason,
+            result=ending.result,
+            ended_by=ended.ended_by,
+            usage=ending.usage,
+        )
+        await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
+        await self.rooms.send_sessions(ended.owner)
         await self.directory.broadcast()
+        self.dispatcher.wake()  # a slot is free, or the session's next turn may start
         return True
 
     def keep_live(self, processing: set[str]) -> None:
         for turn_id in [t for t in self.live if t not in processing]:
             del self.live[turn_id]  # ended through another relay
+
+
+def _reason_of(status: TurnStatus) -> EndReason:
+    """Why a turn ended, for a drone that does not say."""
+    if status == "finished":
+        return "finished"
+    return "aborted" if status == "aborted" else "drone_failed"
 
 
 def _abort_answer(answer: Any) -> tuple[bool, str]:

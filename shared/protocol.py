@@ -25,6 +25,8 @@ LIST_DRONES = "listDrones"
 # relay -> browser
 HELLO = "hello"
 LOGGED_OUT = "loggedOut"
+TURN_QUEUED = "turnQueued"
+TURN_ENDED = "turnEnded"
 TURN_STARTED = "turnStarted"
 WORK_ORDER_PROGRESS = "workOrderProgress"  # also drone -> relay
 WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
@@ -41,6 +43,8 @@ ABORTED = "aborted"
 NOT_LOGGED_IN = "Log in to continue."
 """Why a browser connection is refused at connect (the page goes to ``/login``)."""
 ABORT_SIGNALED = "Abort signaled"
+STOP_AFTER_STEP = "Stopping after this step"
+"""The ack of ``abortWorkOrder {mode: "after_step"}``: the step in progress finishes first."""
 NO_ACTIVE_WORK_ORDER = "No active work order to abort"
 DRONE_OFFLINE = "Drone is offline"
 UNKNOWN_TURN = "Unknown turn"
@@ -51,8 +55,34 @@ DRONE_TOKEN_PREFIX = "hgd."
 """A drone token names its drone: ``hgd.<drone name>.<secret>``."""
 DRONE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 
-TurnStatus = Literal["processing", "finished", "aborted", "error"]
+TurnStatus = Literal["queued", "processing", "finished", "aborted", "error"]
 TERMINAL_STATUSES: tuple[TurnStatus, ...] = ("finished", "aborted", "error")
+
+EndReason = Literal[
+    "finished",
+    "aborted",
+    "operator",
+    "shutdown",
+    "unanswered",
+    "deadline",
+    "stalled",
+    "model_failed",
+    "drone_lost",
+    "relay_restarted",
+    "drone_failed",
+]
+"""Why a turn ended: finished; aborted by a person (``by`` says who), by the drone's operator
+(Ctrl-C), by a shutdown, or by the relay after the drone did not answer an abort (all four end
+``aborted``); timed out (its deadline), the model service stalled or failed, the drone was lost,
+the relay restarted, or the drone could not run it (all end ``error``)."""
+ABORT_REASONS: tuple[EndReason, ...] = ("aborted", "operator", "shutdown", "unanswered")
+
+
+def status_of(reason: EndReason) -> TurnStatus:
+    """The status a turn ending for ``reason`` has."""
+    if reason == "finished":
+        return "finished"
+    return "aborted" if reason in ABORT_REASONS else "error"
 
 
 class Wire(BaseModel):
@@ -87,6 +117,28 @@ class ChatMessage(Wire):
     """Set on an assistant message cut short by an abort: its content is partial."""
 
 
+class Usage(Wire):
+    """Tokens a turn used; ``estimated`` when the service did not say (an aborted stream)."""
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    estimated: bool = False
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+class Ending(Wire):
+    """The optional fourth argument of a drone's ``workOrderComplete``: why, and the usage."""
+
+    reason: EndReason
+    usage: Usage | None = None
+
+
 # ---- browser -> relay
 
 
@@ -95,13 +147,19 @@ class SubmitWorkOrder(Wire):
     session_id: Id | None = None
     """Omit to start a new chat session."""
     drone_id: Id | None = None
-    """Omit to let the relay pick an idle drone."""
+    """Omit to let the relay pick a drone (the first free one)."""
+    mode: Literal["queue", "interrupt"] = "queue"
+    """In a session with a running turn: ``queue`` runs this prompt after it ends; ``interrupt``
+    aborts it and runs this prompt once the abort has landed."""
 
 
 class AbortWorkOrderRequest(Wire):
     turn_id: Id | None = None
     """Omit to abort the processing turn of ``session_id`` (or of the person's sessions)."""
     session_id: Id | None = None
+    mode: Literal["now", "after_step"] = "now"
+    """``after_step``: let the model call or tool in progress finish and keep its result, then
+    end the turn aborted. A later ``now`` abort (a second press) still stops it at once."""
 
 
 class OpenSession(Wire):
@@ -157,6 +215,38 @@ class TurnView(Wire):
     drone_id: str | None = None
     created_at: float
     messages: list[ChatMessage] = Field(default_factory=list)
+    reason: EndReason | None = None
+    """Why it ended (see ``EndReason``)."""
+    ended_by: str | None = None
+    """Who aborted it, when a person did."""
+    usage: Usage | None = None
+    wanted_drone_id: str | None = None
+    """The drone the person picked, while it waits for it."""
+    position: int | None = None
+    """While queued: its place in line (as ``TurnQueued.position``)."""
+
+
+class TurnQueued(Wire):
+    """``turnQueued``: where a queued turn stands."""
+
+    turn_id: str
+    session_id: str
+    position: int
+    """1 for the next to start; 0 while it waits for the turn before it in its session."""
+    drone_id: str | None = None
+    """The drone it waits for; None for any."""
+
+
+class TurnEnded(Wire):
+    """``turnEnded``: sent right after ``workOrderComplete``, with why the turn ended."""
+
+    turn_id: str
+    session_id: str
+    status: TurnStatus
+    reason: EndReason
+    result: str
+    ended_by: str | None = None
+    usage: Usage | None = None
 
 
 # ---- relay -> drone
@@ -171,6 +261,7 @@ class WorkOrder(Wire):
 
 class AbortOrder(Wire):
     turn_id: Id
+    mode: Literal["now", "after_step"] = "now"
 
 
 # ---- drone -> relay progress (discriminated by ``kind``)
@@ -222,11 +313,13 @@ class DroneHello(DroneRecord):
 
 
 class Completion(Wire):
-    """The three positional arguments of ``workOrderComplete`` as one checked value."""
+    """The positional arguments of a drone's ``workOrderComplete`` as one checked value: the
+    turn, success, message and, from drones that send it, the ``Ending``."""
 
     turn_id: Id
     success: StrictBool
     message: str = Field(max_length=100_000)
+    ending: Ending | None = None
 
     @property
     def status(self) -> TurnStatus:

@@ -62,18 +62,21 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def abort_on_signals(root: AbortController, reason: AbortError) -> None:
-    """Ctrl-C (or SIGTERM) once aborts ``root`` with ``reason``; a second time exits at once.
+def abort_on_signals(
+    root: AbortController, interrupted: AbortError, terminated: AbortError | None = None
+) -> None:
+    """Ctrl-C aborts ``root`` with ``interrupted``, SIGTERM with ``terminated`` (the same, when
+    not given); a second signal exits at once.
 
     Stopping a process is an abort like any other: whatever runs under ``root`` ends the way a
-    person's Cancel ends it.
+    person's Cancel ends it, and says who stopped it.
     """
     loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:
+    def on_signal(reason: AbortError) -> None:
         if root.signal.aborted:
             os._exit(130)
         root.abort(reason)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal)
+    loop.add_signal_handler(signal.SIGINT, on_signal, interrupted)
+    loop.add_signal_handler(signal.SIGTERM, on_signal, terminated or interrupted)

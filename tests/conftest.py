@@ -238,6 +238,16 @@ class Browser:
         )
         return tuple(found[0])  # type: ignore[return-value]
 
+    async def ending(self, turn_id: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The ``turnEnded`` of a turn: why it ended, who ended it, the tokens it used."""
+        found = await eventually(
+            lambda: [a for e, a in self.events if e == "turnEnded" and a["turnId"] == turn_id],
+            timeout,
+            f"turnEnded of {turn_id}",
+        )
+        ending: dict[str, Any] = found[0]
+        return ending
+
     def progress(self, turn_id: str, kind: str = "text") -> list[dict[str, Any]]:
         return [
             args

@@ -289,7 +289,7 @@ async def test_the_deadline_ends_the_turn_in_error_and_closes_the_stream(
     )
     await openai_peer.wait_for_disconnect()
     turn = await relay.relay.store.get_turn(ack["turnId"])
-    assert turn is not None and turn.status == "error"
+    assert turn is not None and (turn.status, turn.reason) == ("error", "deadline")
 
 
 async def test_ollama_tool_calls_run_and_their_results_go_back(

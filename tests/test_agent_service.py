@@ -12,7 +12,7 @@ from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.providers import OpenAIProvider
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
-from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, WorkOrder
+from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, Ending, ToolCall, WorkOrder
 
 TWO_CALLS = Reply(
     chunks=[],
@@ -30,6 +30,7 @@ class Recorder:
         self.messages: list[ChatMessage] = []
         self.tools: list[tuple[str, str]] = []
         self.completions: list[tuple[str, bool, str]] = []
+        self.endings: list[Ending] = []
         self.on_message: Callable[[ChatMessage], None] | None = None
         self.on_tool: Callable[[str, str], None] | None = None
         self.completed = asyncio.Event()
@@ -50,8 +51,9 @@ class Recorder:
         if self.on_tool:
             self.on_tool(call.name, state)
 
-    async def complete(self, turn_id: str, success: bool, message: str) -> None:
+    async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
         self.completions.append((turn_id, success, message))
+        self.endings.append(ending)
         self.completed.set()
 
 

@@ -202,7 +202,8 @@ class Harness:
         assert listed == {"ok": True, "sessions": []}
 
     def assert_still_serves(self) -> None:
-        """A new person's valid submit is taken (and ends at once: the one drone is busy)."""
+        """A new person's valid submit is taken: it waits for the one drone, which is busy,
+        and its person can cancel it."""
         self.run(self._assert_still_serves())
 
     async def _assert_still_serves(self) -> None:
@@ -211,13 +212,15 @@ class Harness:
         try:
             ack = await newcomer.submit("Still there?")
             assert ack["ok"] is True, ack
-            assert await newcomer.completion(ack["turnId"]) == (
-                ack["turnId"],
-                False,
-                "Every drone is busy.",
+            place = await eventually(
+                lambda: [a for e, a in newcomer.events if e == "turnQueued"], what="its place"
             )
+            assert place[-1]["position"] == 1
+            assert await newcomer.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+            assert await newcomer.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
         finally:
             await newcomer.close()
+        assert [name for name, _ in self.drone_calls] == ["workOrder"]
         assert self.watcher is not None
         await asyncio.sleep(0.1)
         live_events = [
@@ -605,7 +608,8 @@ async def test_a_message_over_the_transport_limit_drops_only_that_connection(
     assert bystander.sio.connected
     ack = await bystander.submit("Still here")
     assert ack["ok"] is True
-    assert (await bystander.completion(ack["turnId"]))[1:] == (False, "No drone is online.")
+    assert await bystander.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert (await bystander.completion(ack["turnId"]))[1:] == (True, "aborted")
 
 
 async def emit_quickly(
@@ -633,8 +637,9 @@ async def test_the_eleventh_quick_submit_is_refused(relay: RelayHandle, browser:
     assert elapsed < 1.0, f"11 submits took {elapsed:.2f} s, longer than a refill"
     assert all(ack["ok"] is True for ack in acks[:10]), acks
     assert acks[10] == {"ok": False, "error": TOO_MANY_SUBMITS}
-    for ack in acks[:10]:
-        assert (await browser.completion(ack["turnId"]))[1:] == (False, "No drone is online.")
+    for ack in acks[:10]:  # no drone is online: they wait in line
+        turn = await relay.relay.store.get_turn(ack["turnId"], messages=False)
+        assert turn is not None and turn.status == "queued"
     stored = await relay.relay.store.list_sessions(owner_of(browser, relay))
     assert sorted(s.session_id for s in stored) == sorted(ack["sessionId"] for ack in acks[:10])
     assert await relay.relay.store.processing_turns() == []

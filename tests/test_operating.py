@@ -66,11 +66,18 @@ async def test_healthz_answers_with_what_the_relay_holds(relay: RelayHandle) -> 
         assert await response.json() == {"ok": True, "drones": 0, "live": 0}
 
 
+@pytest.mark.parametrize(
+    ("signum", "reason"),
+    [(signal.SIGINT, "operator"), (signal.SIGTERM, "shutdown")],
+    ids=["ctrl-c", "sigterm"],
+)
 async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cleanly(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
     drone_process: Callable[..., subprocess.Popen[bytes]],
     browser: Browser,
+    signum: signal.Signals,
+    reason: str,
 ) -> None:
     openai_peer.script(Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03))
     process = drone_process(Upstream("openai", openai_peer), server=relay.url)
@@ -78,9 +85,14 @@ async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cle
     turn_id = (await browser.submit("Long job"))["turnId"]
     await browser.wait_text(turn_id, pieces=2)
 
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
 
     assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    ending = await browser.ending(turn_id)
+    assert (ending["status"], ending["reason"]) == ("aborted", reason)
+    assert "endedBy" not in ending  # not a person's abort
+    turn = await relay.relay.store.get_turn(turn_id, messages=False)
+    assert turn is not None and turn.reason == reason
     await openai_peer.wait_for_disconnect()
     assert await asyncio.to_thread(process.wait, 10) == 0
 

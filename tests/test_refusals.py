@@ -24,26 +24,6 @@ from tests.conftest import HANGAR, Browser, RelayHandle, Upstream, drone_hello, 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
 
 
-async def test_submit_with_no_drone_online_ends_the_turn_in_error(
-    relay: RelayHandle, browser: Browser
-) -> None:
-    ack = await browser.submit("Anyone there?")
-
-    assert ack["ok"] is True
-    assert await browser.completion(ack["turnId"]) == (ack["turnId"], False, "No drone is online.")
-    turn = await relay.relay.store.get_turn(ack["turnId"])
-    assert turn is not None and turn.status == "error"
-
-
-async def test_submit_to_a_named_drone_that_is_offline_says_so(
-    relay: RelayHandle, browser: Browser
-) -> None:
-    ack = await browser.submit("Hello", droneId="ghost-1")
-
-    _, success, message = await browser.completion(ack["turnId"])
-    assert (success, message) == (False, "The drone ghost-1 is offline.")
-
-
 async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_offline(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
@@ -61,6 +41,7 @@ async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_off
 
     assert await browser.abort(turn_id) == (False, DRONE_OFFLINE)
     assert await browser.completion(turn_id) == (turn_id, False, "The drone disconnected.")
+    assert (await browser.ending(turn_id))["reason"] == "drone_lost"
     turn = await relay.relay.store.get_turn(turn_id)
     assert turn is not None and turn.status == "error"
     assert turn.text == browser.text(turn_id)
@@ -136,8 +117,7 @@ async def test_the_same_person_sees_their_sessions_from_a_new_connection(
     relay: RelayHandle, browsers: Callable[..., Any]
 ) -> None:
     first: Browser = await browsers("remembered")
-    ack = await first.submit("Remember me")
-    await first.completion(ack["turnId"])
+    ack = await first.submit("Remember me")  # waits in line: no drone is online
 
     again: Browser = await browsers("remembered")
     listed = await again.call("listSessions", {})

@@ -19,7 +19,7 @@ from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
-from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE
+from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
 from tests.conftest import Browser, People, Upstream, drone_hello, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
@@ -196,6 +196,8 @@ async def test_the_abort_watchdog_ends_a_turn_whose_drone_never_completes(
         True,
         "aborted",
     )
+    ending = await browser.ending(first["turnId"])
+    assert (ending["reason"], ending["endedBy"]) == ("unanswered", browser_name(ending))
 
     second = await browser.submit("Next one", sessionId=first["sessionId"])
     await eventually(lambda: len(stubborn.orders) == 2, what="the second work order")
@@ -248,7 +250,11 @@ async def test_a_relay_restart_ends_orphaned_turns_and_keeps_those_a_live_drone_
     orphaned = await eventually(
         lambda: _ended(store, "t_orphan"), timeout=10, what="the orphan to end"
     )
-    assert (orphaned.status, orphaned.result) == ("error", "The relay restarted.")
+    assert (orphaned.status, orphaned.result, orphaned.reason) == (
+        "error",
+        "The relay restarted.",
+        "relay_restarted",
+    )
 
 
 async def test_five_hundred_work_orders_with_random_aborts_each_end_exactly_once(
@@ -307,6 +313,13 @@ async def test_five_hundred_work_orders_with_random_aborts_each_end_exactly_once
 # ---- helpers
 
 
+def browser_name(ending: dict[str, Any]) -> str:
+    """A test person's name (``person-N``), as a turn ended on their abort names them."""
+    name = str(ending.get("endedBy", ""))
+    assert name.startswith("person-"), ending
+    return name
+
+
 class StubbornDrone:
     """A drone that accepts work and acknowledges aborts, but never completes a turn."""
 
@@ -347,7 +360,7 @@ async def _store_orphan(store: PostgresTurnStore, turn: TurnRecord) -> None:
 
 async def _ended(store: PostgresTurnStore, turn_id: str) -> TurnRecord | None:
     turn = await store.get_turn(turn_id, messages=False)
-    return turn if turn is not None and turn.status != "processing" else None
+    return turn if turn is not None and turn.status in TERMINAL_STATUSES else None
 
 
 def _free_port() -> int:
@@ -391,3 +404,90 @@ async def test_a_login_on_one_relay_works_on_another(
         await on_b.close()
         if on_a is not None:
             await on_a.close()
+
+
+async def test_two_hundred_orders_at_once_on_four_drones_over_two_relays_run_once_each(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.default = Reply(chunks=[f"q{i} " for i in range(8)], delay=0.02)
+    for index, relay in enumerate((a, b, a, b)):
+        drone_process(
+            Upstream("openai", openai_peer), server=relay.url, name=f"d{index}", concurrency=10
+        )
+    browsers: list[Browser] = [await open_browser((a, b)[i % 2].url) for i in range(20)]
+    await drones_seen_from(browsers[0], count=4)
+
+    acks = await asyncio.gather(
+        *(browser.submit(f"order {i}-{n}") for i, browser in enumerate(browsers) for n in range(10))
+    )
+    assert all(ack["ok"] for ack in acks), acks
+    owners = {ack["turnId"]: browsers[i // 10] for i, ack in enumerate(acks)}
+    for turn_id, browser in owners.items():
+        assert (await browser.completion(turn_id, timeout=60))[1] is True
+
+    for turn_id, browser in owners.items():
+        assert len(browser.completions(turn_id)) == 1, turn_id
+    prompts = [r.messages[-1]["content"] for r in openai_peer.requests]
+    assert len(prompts) == len(set(prompts)) == 200, "every order ran exactly once"
+    turns = [await stored(store, turn_id) for turn_id in owners]
+    assert {t.status for t in turns} == {"finished"}
+    for drone in {t.drone_id for t in turns}:
+        spans = [(t.started_at or 0, t.ended_at or 0) for t in turns if t.drone_id == drone]
+        most = max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+        assert most <= 10, f"{drone} ran {most} at once with 10 slots"
+    assert len({t.drone_id for t in turns}) == 4
+
+
+async def test_simultaneous_orders_fill_every_free_slot_across_relays(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.default = SLOW
+    drone_process(Upstream("openai", openai_peer), server=a.url, name="left", concurrency=4)
+    drone_process(Upstream("openai", openai_peer), server=b.url, name="right", concurrency=4)
+    browsers: list[Browser] = [await open_browser((a, b)[i % 2].url) for i in range(8)]
+    await drones_seen_from(browsers[0], count=2)
+
+    acks = await asyncio.gather(*(browser.submit("All at once") for browser in browsers))
+
+    turns = [await stored(store, ack["turnId"]) for ack in acks]
+    assert [t.status for t in turns] == ["processing"] * 8, [t.status for t in turns]
+    per_drone = sorted(
+        sum(1 for t in turns if t.drone_id == drone) for drone in {t.drone_id for t in turns}
+    )
+    assert per_drone == [4, 4]
+    for browser, ack in zip(browsers, acks, strict=True):
+        assert await browser.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+
+
+async def test_a_queued_order_survives_a_relay_restart_and_runs(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    port = _free_port()
+    relay = await relay_processes(port=port, redis=False)
+    browser: Browser = await open_browser(relay.url, "patient")
+    ack = await browser.submit("Whenever a drone comes")
+    assert (await stored(store, ack["turnId"])).status == "queued"
+
+    relay.kill()
+    await relay.process.wait()
+    relay = await relay_processes(port=port, redis=False)
+    drone_process(Upstream("openai", openai_peer), server=relay.url)
+
+    finished = await eventually(
+        lambda: _ended(store, ack["turnId"]), timeout=20, what="the queued order to run"
+    )
+    assert (finished.status, finished.result) == ("finished", "Hello world")

@@ -13,15 +13,29 @@ import pytest
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
+    Ending,
     SessionBusyError,
     SessionRecord,
     TurnRecord,
     TurnStore,
     session_history,
 )
-from hangar.shared.protocol import TERMINAL_STATUSES, ChatMessage, ToolCall, TurnStatus
+from hangar.shared.protocol import (
+    TERMINAL_STATUSES,
+    ChatMessage,
+    EndReason,
+    ToolCall,
+    TurnStatus,
+)
 
 STORES = ["sqlite", "postgres"]
+REASONS: dict[TurnStatus, EndReason] = {
+    "finished": "finished",
+    "aborted": "aborted",
+    "error": "drone_failed",
+    "processing": "finished",
+    "queued": "finished",
+}
 T = TypeVar("T")
 
 
@@ -53,6 +67,11 @@ async def store(location: Location) -> AsyncIterator[TurnStore]:
         yield opened
     finally:
         await opened.close()
+
+
+async def end(store: TurnStore, turn_id: str, status: TurnStatus, result: str, text: str) -> bool:
+    """End a turn as the relay does; whether this write was the one that ended it."""
+    return await store.end_turn(turn_id, Ending(status, result, REASONS[status], text)) is not None
 
 
 async def new_session(
@@ -199,7 +218,7 @@ async def test_turns_of_a_session_are_listed_oldest_first_with_their_messages(
             created_at=created_at,
             messages=[ChatMessage(role="user", content=f"q{number}")],
         )
-        await store.end_turn(turn_id, "finished", "done", f"a{number}")
+        await end(store, turn_id, "finished", "done", f"a{number}")
     await new_turn(store, "t_other", "s_2")
 
     turns = await store.list_turns("s_1")
@@ -217,10 +236,10 @@ async def test_the_first_terminal_write_wins(store: TurnStore, first: TurnStatus
     await new_session(store, "s_1")
     await new_turn(store, "t_1", "s_1")
 
-    assert await store.end_turn("t_1", first, f"result {first}", f"text {first}") is True
+    assert await end(store, "t_1", first, f"result {first}", f"text {first}") is True
     for later in TERMINAL_STATUSES:
-        assert await store.end_turn("t_1", later, "late result", "late text") is False
-    assert await store.end_turn("t_1", "processing", "reopened", "") is False
+        assert await end(store, "t_1", later, "late result", "late text") is False
+    assert await end(store, "t_1", "processing", "reopened", "") is False
 
     turn = await store.get_turn("t_1")
     assert turn is not None
@@ -229,7 +248,7 @@ async def test_the_first_terminal_write_wins(store: TurnStore, first: TurnStatus
 
 
 async def test_ending_an_unknown_turn_changes_nothing(store: TurnStore) -> None:
-    assert await store.end_turn("t_missing", "finished", "done", "") is False
+    assert await end(store, "t_missing", "finished", "done", "") is False
     assert await store.get_turn("t_missing") is None
 
 
@@ -241,7 +260,7 @@ async def test_exactly_one_of_many_concurrent_terminal_writes_wins(store: TurnSt
     ]
 
     outcomes = await asyncio.gather(
-        *(store.end_turn("t_1", status, result, text) for status, result, text in attempts)
+        *(end(store, "t_1", status, result, text) for status, result, text in attempts)
     )
 
     assert outcomes.count(True) == 1
@@ -263,7 +282,7 @@ async def test_a_session_has_at_most_one_processing_turn(store: TurnStore) -> No
     assert await store.get_turn("t_2") is None
     assert [t.turn_id for t in await store.list_turns("s_1")] == ["t_1"]
 
-    assert await store.end_turn("t_1", "aborted", "aborted", "") is True
+    assert await end(store, "t_1", "aborted", "aborted", "") is True
     await new_turn(store, "t_3", "s_1", created_at=30.0)
 
     assert [t.turn_id for t in await store.processing_turns(session_id="s_1")] == ["t_3"]
@@ -314,7 +333,7 @@ async def test_a_refused_turn_does_not_undo_a_concurrent_ending(store: TurnStore
             ending = await new_turn(store, f"t_{refused_after}_{ended_after}", session_id)
             refused, ended = await asyncio.gather(
                 after_yields(refused_after, new_turn(store, f"t_x{session_id}", "s_busy")),
-                after_yields(ended_after, store.end_turn(ending.turn_id, "finished", "ok", "")),
+                after_yields(ended_after, end(store, ending.turn_id, "finished", "ok", "")),
                 return_exceptions=True,
             )
             assert isinstance(refused, SessionBusyError) and ended is True
@@ -322,7 +341,7 @@ async def test_a_refused_turn_does_not_undo_a_concurrent_ending(store: TurnStore
             assert turn is not None
             if turn.status != "finished":
                 problems.append(f"{ending.turn_id}: won, yet stored as {turn.status}")
-            if await store.end_turn(ending.turn_id, "error", "late", ""):
+            if await end(store, ending.turn_id, "error", "late", ""):
                 problems.append(f"{ending.turn_id}: a second terminal write won too")
 
     assert problems == []
@@ -342,7 +361,7 @@ async def test_processing_turns_filter_by_owner_and_session_and_skip_ended_ones(
     await new_turn(store, "t_a2", "s_a2", "alice", created_at=10.0)
     await new_turn(store, "t_a3", "s_a3", "alice", created_at=20.0)
     await new_turn(store, "t_b1", "s_b1", "bob", created_at=15.0)
-    await store.end_turn("t_a3", "finished", "done", "")
+    await end(store, "t_a3", "finished", "done", "")
 
     def ids(turns: list[TurnRecord]) -> list[str]:
         return [t.turn_id for t in turns]
@@ -370,10 +389,10 @@ async def test_session_history_concatenates_every_turns_messages_in_order(
     messages = rich_messages()
     await new_turn(store, "t_1", "s_1", created_at=10.0, messages=messages[:2])
     await store.append_messages("t_1", messages[2:5])
-    await store.end_turn("t_1", "finished", "ok", "")
+    await end(store, "t_1", "finished", "ok", "")
     await new_turn(store, "t_other", "s_other", created_at=15.0)
     await new_turn(store, "t_2", "s_1", created_at=20.0, messages=messages[5:6])
-    await store.end_turn("t_2", "aborted", "aborted", "Partial answ")
+    await end(store, "t_2", "aborted", "aborted", "Partial answ")
     await new_turn(store, "t_3", "s_1", created_at=30.0, messages=[])
     await store.append_messages("t_3", messages[6:])
 
@@ -421,7 +440,7 @@ async def test_two_stores_opened_at_once_on_a_fresh_postgres_database_both_work(
         with pytest.raises(SessionBusyError):
             await new_turn(stores[2], "t_2", "s_1")
         ends = await asyncio.gather(
-            *(s.end_turn("t_1", "finished", f"by {i}", "") for i, s in enumerate(stores))
+            *(end(s, "t_1", "finished", f"by {i}", "") for i, s in enumerate(stores))
         )
         assert ends.count(True) == 1
     finally:
@@ -439,7 +458,7 @@ async def test_text_with_nul_characters_is_kept_as_a_replacement_on_postgres(
     await store.create_turn(turn)
     await store.append_messages("t_1", [message])
 
-    assert await store.end_turn("t_1", "finished", "done \x00", "text \x00") is True
+    assert await end(store, "t_1", "finished", "done \x00", "text \x00") is True
 
     stored = await store.get_turn("t_1")
     assert stored is not None

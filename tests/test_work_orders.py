@@ -221,7 +221,9 @@ async def test_an_upstream_error_ends_the_turn_in_error_with_a_reason(
 
     assert success is False
     assert "500" in message and "model exploded" in message
-    assert (await stored(relay, turn_id)).status == "error"
+    turn = await stored(relay, turn_id)
+    assert (turn.status, turn.reason) == ("error", "model_failed")
+    assert (await browser.ending(turn_id))["reason"] == "model_failed"
 
 
 async def _next_turn_finishes(browser: Browser, previous_turn_id: str) -> None:

@@ -8,6 +8,7 @@ from .base import (
     TextChunk,
     ToolCallRequest,
     ToolSpec,
+    UsageReport,
 )
 from .ollama_provider import OllamaProvider
 from .openai_provider import OpenAIProvider
@@ -22,4 +23,5 @@ __all__ = [
     "TextChunk",
     "ToolCallRequest",
     "ToolSpec",
+    "UsageReport",
 ]

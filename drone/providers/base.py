@@ -34,7 +34,15 @@ class ToolCallRequest:
     """JSON object text, as the model produced it."""
 
 
-ChatEvent = TextChunk | ToolCallRequest
+@dataclass(frozen=True)
+class UsageReport:
+    """Tokens the model service counted for this call (at the end of its stream)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+ChatEvent = TextChunk | ToolCallRequest | UsageReport
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from .base import (
     ToolCallRequest,
     ToolSpec,
     UpstreamShutdown,
+    UsageReport,
 )
 
 # The chat whose read is sending the request: the httpx response hook below runs inside that
@@ -76,6 +77,8 @@ class OllamaProvider:
                     break
                 finally:
                     _UPSTREAM.reset(token)
+                if part.done and part.eval_count is not None:
+                    yield UsageReport(part.prompt_eval_count or 0, part.eval_count)
                 message = part.message
                 if message.content:
                     yield TextChunk(message.content)

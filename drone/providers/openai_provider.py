@@ -20,6 +20,7 @@ from .base import (
     ToolCallRequest,
     ToolSpec,
     UpstreamShutdown,
+    UsageReport,
 )
 
 
@@ -48,7 +49,9 @@ class OpenAIProvider:
     ) -> AsyncGenerator[ChatEvent, None]:
         signal = options.signal
         signal.throw_if_aborted()
-        extra: dict[str, Any] = {"tools": [t.function() for t in tools]} if tools else {}
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}}
+        if tools:
+            extra["tools"] = [t.function() for t in tools]
         try:
             # The caller's abort scope interrupts the request and its retries before the headers.
             response = await self.client.chat.completions.create(
@@ -66,6 +69,8 @@ class OpenAIProvider:
         calls: dict[int, dict[str, str]] = {}
         try:
             async for chunk in stream:
+                if chunk.usage is not None:
+                    yield UsageReport(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
                 for choice in chunk.choices:
                     delta = choice.delta
                     if delta.content:

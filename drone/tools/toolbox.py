@@ -8,14 +8,14 @@ its depth.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hangar.shared.abort import AbortError, AbortSignal, linked_controller
 from hangar.shared.protocol import ChatMessage, ToolCall
 
-from ..agent import Agent, Report
+from ..agent import Agent, Report, Tally
 from ..providers import Provider, ToolSpec
 from . import fetch, files, shell
 from .errors import ToolError
@@ -72,6 +72,10 @@ class Toolbox:
     provider: Provider
     report: Report
     depth: int = 0
+    tally: Tally = field(default_factory=Tally)
+    """Where sub-agents' token usage adds up (the work order's)."""
+    step_signal: AbortSignal | None = None
+    """The work order's "stop after this step": sub-agents stop after theirs too."""
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -111,9 +115,13 @@ class Toolbox:
         child_depth = self.depth + 1
         child = Agent(
             self.provider,
-            Toolbox(self.workdir, self.provider, self.report, child_depth),
+            Toolbox(
+                self.workdir, self.provider, self.report, child_depth, self.tally, self.step_signal
+            ),
             self.report,
             depth=child_depth,
+            tally=self.tally,
+            step_signal=self.step_signal,
         )
         messages = [
             ChatMessage(role="system", content=SUBAGENT_PROMPT),

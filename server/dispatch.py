@@ -1,0 +1,176 @@
+"""The dispatcher: starts queued turns on drones with room, and tells browsers where the rest
+stand in line.
+
+Any relay dispatches any turn to any drone (through another relay when the drone is connected
+there); the store's claim is atomic across relays, so each turn starts once and no drone gets
+more than its slots. A relay dispatches when a turn is submitted or ends, when a drone comes,
+and every second besides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Protocol
+
+import socketio
+
+from hangar.shared.protocol import (
+    TURN_QUEUED,
+    TURN_STARTED,
+    WORK_ORDER,
+    ChatMessage,
+    TurnQueued,
+    WorkOrder,
+)
+
+from . import queue
+from .background import Background
+from .directory import DroneDirectory
+from .live_state import LiveState
+from .queue import Place, places
+from .rooms import Rooms
+from .store import Ending, TurnRecord, TurnStore, session_history
+
+log = logging.getLogger("hangar.relay")
+
+BUSY = "The drone is busy."
+REFUSALS_BEFORE_ERROR = 3
+"""A turn drones refused as busy this many times ends in error instead of waiting again."""
+COOLING = 1.0
+"""Seconds a drone that refused a turn as busy is given no other."""
+ANNOUNCE_EVERY = 0.1
+"""Queue places go out at most this often (a burst of submits or ends moves many at once)."""
+
+
+class Endings(Protocol):
+    async def end_turn(self, turn_id: str, ending: Ending) -> bool: ...
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: TurnStore,
+        live_state: LiveState,
+        directory: DroneDirectory,
+        rooms: Rooms,
+        background: Background,
+    ) -> None:
+        self.store = store
+        self.live_state = live_state
+        self.directory = directory
+        self.rooms = rooms
+        self.background = background
+        self.endings: Endings | None = None
+        self._lock = asyncio.Lock()
+        self._cooling: dict[str, float] = {}
+        self._refusals: Counter[str] = Counter()
+        self._announced: dict[str, Place] = {}
+        self._announce_pending = False
+
+    def start(self, endings: Endings) -> None:
+        self.endings = endings
+
+    def wake(self) -> None:
+        """Dispatch soon, in a task of its own (a turn ended, a drone came, time passed)."""
+        self.background.spawn(self.dispatch())
+
+    async def dispatch(self) -> None:
+        """Start every queued turn a drone can take now; their orders go out in the background."""
+        async with self._lock:
+            capacity = await self._capacity()
+            claimed = await self.store.claim_queued(capacity) if capacity else []
+            for turn in claimed:
+                await self.live_state.add_running(turn.drone_id or "", turn.turn_id)
+                self.background.spawn(self._start(turn))
+            if claimed:
+                await self.directory.broadcast()
+        self.announce()
+
+    async def _capacity(self) -> dict[str, int]:
+        now = time.monotonic()
+        return {
+            route.drone_id: route.concurrency
+            for route in await self.live_state.drones()
+            if self._cooling.get(route.drone_id, 0.0) <= now
+        }
+
+    async def _start(self, turn: TurnRecord) -> None:
+        """Send a claimed turn's work order to its drone; put it back in line if refused busy."""
+        assert self.endings is not None and turn.drone_id is not None
+        turn.messages = [ChatMessage(role="user", content=turn.prompt)]
+        await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
+        route = await self.directory.route(turn.drone_id)
+        if route is None:
+            await self._back_in_line(turn, "The drone left before it got the work order.")
+            return
+        history = await session_history(self.store, turn.session_id, before=turn)
+        order = WorkOrder(
+            turn_id=turn.turn_id, session_id=turn.session_id, prompt=turn.prompt, history=history
+        )
+        log.info("work order sent turn=%s drone=%s", turn.turn_id, turn.drone_id)
+        try:
+            answer: Any = await self.directory.call(WORK_ORDER, order.wire(), route)
+        except socketio.exceptions.TimeoutError:
+            answer = {"ok": False, "error": "The drone did not accept the work order in time."}
+        except socketio.exceptions.SocketIOError:
+            answer = {"ok": False, "error": "The drone disconnected."}
+        if isinstance(answer, dict) and answer.get("ok") is True:
+            self._refusals.pop(turn.turn_id, None)
+            return
+        reason = str((answer.get("error") if isinstance(answer, dict) else None) or "")
+        if reason == BUSY:
+            await self._back_in_line(turn, reason)
+            return
+        refusal = reason or "The drone refused the work order."
+        await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
+
+    async def _back_in_line(self, turn: TurnRecord, why: str) -> None:
+        assert self.endings is not None and turn.drone_id is not None
+        self._cooling[turn.drone_id] = time.monotonic() + COOLING
+        self._refusals[turn.turn_id] += 1
+        if self._refusals[turn.turn_id] >= REFUSALS_BEFORE_ERROR:
+            del self._refusals[turn.turn_id]
+            await self.endings.end_turn(turn.turn_id, Ending("error", why, "drone_failed"))
+            return
+        await self.live_state.remove_running(turn.drone_id, turn.turn_id)
+        if await queue.requeue(self.store, turn.turn_id):
+            log.info(
+                "work order back in line turn=%s drone=%s: %s", turn.turn_id, turn.drone_id, why
+            )
+            view = turn.view()
+            view.status, view.drone_id = "queued", None
+            await self.rooms.to_session(turn.session_id, TURN_STARTED, view.wire())
+        self.background.later(COOLING, self.dispatch)
+
+    # ---- where the others stand
+
+    def announce(self) -> None:
+        """Send queued turns' new places, at most every ``ANNOUNCE_EVERY``."""
+        if not self._announce_pending:
+            self._announce_pending = True
+            self.background.later(ANNOUNCE_EVERY, self._announce)
+
+    async def _announce(self) -> None:
+        self._announce_pending = False
+        found = places(await queue.queue_order(self.store))
+        current = {place.turn_id: place for place in found}
+        for place in found:
+            if self._announced.get(place.turn_id) != place:
+                event = TurnQueued(
+                    turn_id=place.turn_id,
+                    session_id=place.session_id,
+                    position=place.position,
+                    drone_id=place.drone_id,
+                )
+                await self.rooms.to_session(place.session_id, TURN_QUEUED, event.wire())
+        self._announced = current
+
+    async def place(self, turn_id: str) -> Place | None:
+        """Where a queued turn stands now (for a snapshot)."""
+        for found in places(await queue.queue_order(self.store)):
+            if found.turn_id == turn_id:
+                return found
+        return None

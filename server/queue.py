@@ -1,0 +1,143 @@
+"""The queue of work orders: which queued turn starts next, on which drone, and where each
+queued turn stands. The SQL is written once for both stores; each store runs the claim inside a
+transaction of its own (see ``TurnStore.claim_queued``).
+
+The order is fair between people: each person's queued turns are ranked (their first, second,
+…), and every person's first goes before anyone's second; among equals, the person whose last
+turn started longest ago (or never) goes first, then the oldest turn. So one person's fifty
+orders do not hold up another's one: after each of theirs starts, the other's is next. A session's turns run one at a time, in the
+order they were queued. A turn that names a drone waits for that drone; any other goes to the
+drone with the most room (the lowest share of its slots in use; ties at random), so load spreads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from .store import Database
+
+QUEUE_ORDER = """
+    WITH queued AS (
+        SELECT turns.*,
+            ROW_NUMBER() OVER (PARTITION BY owner ORDER BY created_at, turn_id) AS owner_rank,
+            ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY created_at, turn_id) AS session_rank
+        FROM turns WHERE status = 'queued'
+    ),
+    served AS (
+        SELECT owner, max(started_at) AS served_at FROM turns
+        WHERE started_at IS NOT NULL AND owner IN (SELECT owner FROM queued) GROUP BY owner
+    )
+    SELECT queued.*, CASE WHEN session_rank = 1 AND NOT EXISTS (
+            SELECT 1 FROM turns running
+            WHERE running.session_id = queued.session_id AND running.status = 'processing'
+        ) THEN 1 ELSE 0 END AS ready
+    FROM queued LEFT JOIN served ON served.owner = queued.owner
+    ORDER BY owner_rank, COALESCE(served.served_at, 0), queued.created_at, queued.turn_id
+"""
+"""Every queued turn, in the order they start; ``ready`` when nothing in its session runs."""
+
+RUNNING_PER_DRONE = """
+    SELECT drone_id, count(*) AS running FROM turns
+    WHERE status = 'processing' AND drone_id IS NOT NULL GROUP BY drone_id
+"""
+
+CLAIM = """
+    UPDATE turns SET status = 'processing', drone_id = ?, started_at = ?
+    WHERE turn_id = ? AND status = 'queued'
+"""
+
+
+def choose(
+    queue: list[dict[str, Any]],
+    capacity: dict[str, int],
+    running: dict[str, int],
+    rng: random.Random | None = None,
+) -> list[tuple[str, str]]:
+    """Which ready turns (``QUEUE_ORDER`` rows) start, on which drone: ``(turn_id, drone_id)``."""
+    rng = rng or random.Random()
+    used = {drone: running.get(drone, 0) for drone in capacity}
+    chosen: list[tuple[str, str]] = []
+    for row in queue:
+        if not row["ready"]:
+            continue
+        wanted = row["wanted_drone"]
+        if wanted is not None:
+            candidates = [wanted] if wanted in capacity and used[wanted] < capacity[wanted] else []
+        else:
+            free = [drone for drone, slots in capacity.items() if used[drone] < slots]
+            least = min((used[d] / capacity[d] for d in free), default=None)
+            candidates = [d for d in free if used[d] / capacity[d] == least]
+        if candidates:
+            drone = rng.choice(candidates)
+            used[drone] += 1
+            chosen.append((row["turn_id"], drone))
+    return chosen
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a queued turn stands."""
+
+    turn_id: str
+    session_id: str
+    position: int
+    """1 for the next to start (for its drone); 0 while the turn before it in its session runs."""
+    drone_id: str | None
+
+
+def places(queue: list[dict[str, Any]]) -> list[Place]:
+    """Each queued turn's place in line: ready turns ahead of it that could take its slot (all
+    of them for a turn that takes any drone; for one that waits for a drone, those waiting for
+    it or for any)."""
+    ahead_any = 0
+    ahead_for: Counter[str] = Counter()
+    found = []
+    for row in queue:
+        wanted = row["wanted_drone"]
+        if not row["ready"]:
+            found.append(Place(row["turn_id"], row["session_id"], 0, wanted))
+            continue
+        if wanted is None:
+            position = ahead_any + sum(ahead_for.values()) + 1
+            ahead_any += 1
+        else:
+            position = ahead_any + ahead_for[wanted] + 1
+            ahead_for[wanted] += 1
+        found.append(Place(row["turn_id"], row["session_id"], position, wanted))
+    return found
+
+
+async def queue_order(db: Database) -> list[dict[str, Any]]:
+    """Every queued turn in the order they start (``QUEUE_ORDER`` rows)."""
+    return await db.fetch(QUEUE_ORDER)
+
+
+async def queued_count(db: Database, owner: str) -> int:
+    rows = await db.fetch(
+        "SELECT count(*) AS queued FROM turns WHERE owner = ? AND status = 'queued'", owner
+    )
+    return int(rows[0]["queued"])
+
+
+async def request_abort(db: Database, turn_id: str, by: str) -> None:
+    """Keep that ``by`` asked to abort the turn (its ending names them; a drone heard from later
+    is still told)."""
+    await db.execute(
+        "UPDATE turns SET abort_requested_by = ?"
+        " WHERE turn_id = ? AND status IN ('queued', 'processing')",
+        by,
+        turn_id,
+    )
+
+
+async def requeue(db: Database, turn_id: str) -> bool:
+    """Put a claimed turn back in line (its drone would not take it)."""
+    changed = await db.execute(
+        "UPDATE turns SET status = 'queued', drone_id = NULL, started_at = NULL"
+        " WHERE turn_id = ? AND status = 'processing'",
+        turn_id,
+    )
+    return changed == 1

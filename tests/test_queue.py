@@ -1,0 +1,271 @@
+"""Work orders that wait (``docs/architecture.md``, "The queue"): a turn no drone can take now
+is queued, not refused; it starts as soon as a drone has room, in a fair order; it can be
+cancelled before it starts; follow-ups queue behind a running turn or interrupt it."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.server.turns import queue_full
+from hangar.shared.protocol import ABORT_SIGNALED, STOP_AFTER_STEP, TOOL_CANCELLED
+from tests.conftest import Browser, RelayHandle, Upstream, eventually
+
+SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
+
+
+def places(browser: Browser, turn_id: str) -> list[dict[str, Any]]:
+    return [
+        args
+        for event, args in browser.events
+        if event == "turnQueued" and args["turnId"] == turn_id
+    ]
+
+
+async def place_of(browser: Browser, turn_id: str) -> dict[str, Any]:
+    """The turn's latest place in line, once one has arrived."""
+    found = await eventually(lambda: places(browser, turn_id), what=f"the place of {turn_id}")
+    return found[-1]
+
+
+def endings(browser: Browser, turn_id: str) -> list[dict[str, Any]]:
+    return [
+        args for event, args in browser.events if event == "turnEnded" and args["turnId"] == turn_id
+    ]
+
+
+async def status_of(relay: RelayHandle, turn_id: str) -> str:
+    turn = await relay.relay.store.get_turn(turn_id, messages=False)
+    assert turn is not None
+    return turn.status
+
+
+async def test_a_submit_with_no_drone_online_waits_and_starts_when_one_comes(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    ack = await browser.submit("Anyone there?")
+
+    assert ack["ok"] is True
+    assert (await place_of(browser, ack["turnId"]))["position"] == 1
+    assert await status_of(relay, ack["turnId"]) == "queued"
+    assert not browser.completions(ack["turnId"])
+
+    await start_drone(Upstream("openai", openai_peer))
+
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "Hello world")
+    assert endings(browser, ack["turnId"])[0]["reason"] == "finished"
+
+
+async def test_a_second_order_to_a_busy_drone_queues_then_finishes(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(Reply(chunks=[f"b{i} " for i in range(40)], delay=0.02), Reply(chunks=["A"]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("Session B's long job")
+    await browser.wait_text(first["turnId"], pieces=1)
+
+    second = await browser.submit("Session A's question")
+
+    assert (await place_of(browser, second["turnId"]))["position"] == 1
+    assert await status_of(relay, second["turnId"]) == "queued"
+    assert (await browser.completion(first["turnId"]))[1] is True
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "A")
+    assert len(openai_peer.requests) == 2
+
+
+async def test_a_turn_for_a_named_drone_waits_for_that_drone(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    await start_drone(Upstream("openai", openai_peer))  # free, but not the one asked for
+    token = await relay.relay.accounts.create_drone_token("laptop")
+
+    ack = await browser.submit("On the laptop, please", droneId="laptop")
+
+    place = await place_of(browser, ack["turnId"])
+    assert (place["position"], place["droneId"]) == (1, "laptop")
+    await start_drone(Upstream("openai", openai_peer), token=token, name="laptop")
+    assert (await browser.completion(ack["turnId"]))[1] is True
+    turn = await relay.relay.store.get_turn(ack["turnId"], messages=False)
+    assert turn is not None and turn.drone_id == "laptop"
+
+
+async def test_aborting_a_queued_order_ends_it_at_once_without_a_drone(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """No drone is online, so nothing but the relay could end these turns."""
+    took: list[float] = []
+    for index in range(5):
+        ack = await browser.submit(f"Never mind {index}")
+        await place_of(browser, ack["turnId"])
+
+        started = time.monotonic()
+        assert await browser.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+        assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+        took.append(time.monotonic() - started)
+
+        turn = await relay.relay.store.get_turn(ack["turnId"])
+        assert turn is not None and (turn.status, turn.reason) == ("aborted", "aborted")
+        assert [(m.role, m.content) for m in turn.messages] == [("user", f"Never mind {index}")]
+        (ended,) = endings(browser, ack["turnId"])
+        assert ended["endedBy"] == turn.ended_by and ended["endedBy"].startswith("person-")
+    assert statistics.median(took) < 0.05, took
+    assert await browser.abort(ack["turnId"]) == (False, "No active work order to abort")
+
+
+async def test_an_abort_racing_the_dispatch_is_never_lost(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    """Submits and aborts sent back to back: each abort lands before, during or after the
+    dispatch, and every turn ends aborted, once, whatever the moment."""
+    openai_peer.default = SLOW
+    await start_drone(Upstream("openai", openai_peer), concurrency=10)
+    people: list[Browser] = [await browsers() for _ in range(10)]
+
+    async def submit_then_abort(person: Browser) -> str:
+        ack = await person.submit("Race me")
+        assert await person.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+        return str(ack["turnId"])
+
+    turn_ids = await asyncio.gather(*(submit_then_abort(p) for p in people))
+
+    for person, turn_id in zip(people, turn_ids, strict=True):
+        assert await person.completion(turn_id, timeout=10) == (turn_id, True, "aborted")
+    for person, turn_id in zip(people, turn_ids, strict=True):
+        assert len(person.completions(turn_id)) == 1
+    assert all(not r.completed for r in openai_peer.requests)
+
+
+async def test_one_persons_many_orders_do_not_hold_up_anothers(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    await relay.people.token("heavy")
+    heavy: Browser = await browsers("heavy")
+    light: Browser = await browsers("light")
+    for index in range(8):
+        assert (await heavy.submit(f"heavy {index}"))["ok"] is True
+    light_ack = await light.submit("light 0")
+
+    openai_peer.default = Reply(chunks=["ok"], delay=0.01)
+    await start_drone(Upstream("openai", openai_peer))  # one slot: orders run one at a time
+    await light.completion(light_ack["turnId"], timeout=10)
+
+    started = [r.messages[-1]["content"] for r in openai_peer.requests]
+    assert started.index("light 0") == 1, started  # after heavy's first, before its second
+
+
+async def test_a_person_may_have_only_so_many_orders_waiting(
+    relay: RelayHandle, browsers: Any
+) -> None:
+    limit = relay.relay.turns.queue_limit
+    # Several connections of one person: each has its own rate limit of 10 quick submits.
+    tabs: list[Browser] = [await browsers("busy") for _ in range(limit // 10 + 1)]
+    for index in range(limit):
+        assert (await tabs[index // 10].submit(f"order {index}"))["ok"] is True
+
+    refused = await tabs[-1].submit("one too many")
+
+    assert refused == {"ok": False, "error": queue_full(limit)}
+
+
+async def test_a_queued_follow_up_runs_after_the_turn_with_its_history(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    first_answer = Reply(chunks=["First ", *[""] * 30, "answer."], delay=0.05)
+    openai_peer.script(first_answer, Reply(chunks=["Second."]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("First question")
+    await browser.wait_text(first["turnId"], pieces=1)
+
+    follow_up = await browser.submit("And then?", sessionId=first["sessionId"])
+
+    assert (await place_of(browser, follow_up["turnId"]))["position"] == 0  # behind the turn
+    assert await browser.completion(follow_up["turnId"]) == (follow_up["turnId"], True, "Second.")
+    sent = openai_peer.requests[-1]
+    assert sent.rejected is None
+    assert [(m["role"], m["content"]) for m in sent.messages] == [
+        ("user", "First question"),
+        ("assistant", "First answer."),
+        ("user", "And then?"),
+    ]
+
+
+async def test_interrupt_and_send_aborts_the_turn_and_runs_the_prompt_after_it(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(SLOW, Reply(chunks=["Redirected."]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("Write a long essay")
+    await browser.wait_text(first["turnId"], pieces=3)
+
+    second = await browser.submit("No, a haiku", sessionId=first["sessionId"], mode="interrupt")
+
+    assert await browser.completion(first["turnId"]) == (first["turnId"], True, "aborted")
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Redirected.")
+    assert browser.order_of(first["turnId"]) == ["workOrderComplete"]
+    sent = openai_peer.requests[-1]
+    assert sent.rejected is None
+    partial = (await relay.relay.store.get_turn(first["turnId"])).messages[-1]  # type: ignore[union-attr]
+    assert partial.aborted is True
+    assert [(m["role"], m["content"]) for m in sent.messages] == [
+        ("user", "Write a long essay"),
+        ("assistant", partial.content),
+        ("user", "No, a haiku"),
+    ]
+
+
+async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[
+                ScriptedToolCall("run_shell", {"command": "sleep 1; echo finished its step"}),
+                ScriptedToolCall("run_shell", {"command": "echo never run"}),
+            ],
+        ),
+        Reply(chunks=["never asked"]),
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Do two things")
+    await eventually(lambda: browser.progress(ack["turnId"], "tool"), what="the first tool")
+
+    gentle = await browser.call("abortWorkOrder", {"turnId": ack["turnId"], "mode": "after_step"})
+
+    assert gentle == (True, STOP_AFTER_STEP)
+    assert await browser.completion(ack["turnId"], timeout=10) == (ack["turnId"], True, "aborted")
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None
+    assert [(m.role, m.content.strip()) for m in turn.messages[2:]] == [
+        ("tool", "exit code 0\nfinished its step"),
+        ("tool", TOOL_CANCELLED),
+    ]
+    assert len(openai_peer.requests) == 1, "no model call after the step"
+    assert endings(browser, ack["turnId"])[0]["reason"] == "aborted"
+
+
+async def test_a_finished_turn_stores_and_reports_the_tokens_it_used(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    openai_peer.script(Reply(chunks=["a", "b", "c"]), SLOW)
+    await start_drone(Upstream("openai", openai_peer))
+    finished = await browser.submit("Count")
+    await browser.completion(finished["turnId"])
+    cut = await browser.submit("Count slowly")
+    await browser.wait_text(cut["turnId"], pieces=3)
+    await browser.abort(cut["turnId"])
+    await browser.completion(cut["turnId"])
+
+    counted = endings(browser, finished["turnId"])[0]["usage"]
+    assert counted["completionTokens"] == 3 and counted["promptTokens"] > 0
+    assert counted["estimated"] is False
+    estimated = endings(browser, cut["turnId"])[0]["usage"]
+    assert estimated["estimated"] is True and estimated["completionTokens"] >= 3
+    turn = await relay.relay.store.get_turn(finished["turnId"])
+    assert turn is not None and turn.usage is not None and turn.usage.completion_tokens == 3
+    metrics = relay.relay.metrics.tokens
+    assert metrics.labels("completion")._value.get() == 3 + estimated["completionTokens"]
