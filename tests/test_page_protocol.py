@@ -13,6 +13,7 @@ import pytest
 
 from hangar.shared import protocol
 from hangar.shared.protocol import (
+    EndReason,
     TextDelta,
     ToolActivity,
     TurnStatus,
@@ -34,12 +35,16 @@ SAME_NAME = [
     "LIST_DRONES",
     "HELLO",
     "LOGGED_OUT",
+    "TURN_QUEUED",
+    "TURN_ENDED",
     "TURN_STARTED",
     "WORK_ORDER_PROGRESS",
     "WORK_ORDER_COMPLETE",
     "DRONES",
     "SESSIONS",
     "ABORTED",
+    "ABORT_SIGNALED",
+    "STOP_AFTER_STEP",
     "TOOL_CANCELLED",
     "MAX_PROMPT_CHARS",
     "NOT_LOGGED_IN",
@@ -158,6 +163,7 @@ def page_protocol() -> dict[str, Any]:
 def test_the_page_uses_the_protocol_constants(page_protocol: dict[str, Any]) -> None:
     expected: dict[str, Any] = {name: getattr(protocol, name) for name in SAME_NAME}
     expected["TURN_STATUSES"] = list(get_args(TurnStatus))
+    expected["END_REASONS"] = list(get_args(EndReason))
     expected["TEXT_DELTA"] = TextDelta.model_fields["kind"].default
     expected["TOOL_ACTIVITY"] = ToolActivity.model_fields["kind"].default
     # Equal as a whole: a constant the page adds must have its Python counterpart here too.

@@ -8,7 +8,10 @@ import {
   completionStatus,
   DRONES,
   SESSIONS,
+  TURN_ENDED,
+  TURN_QUEUED,
   TURN_STARTED,
+  TURN_STATUSES,
   WORK_ORDER_COMPLETE,
   WORK_ORDER_PROGRESS,
 } from "./protocol.js";
@@ -28,21 +31,29 @@ const state = {
   loadingSessionId: null,
   /** turnId -> TurnCard for every turn we know about; only the current session's are shown. */
   cards: new Map(),
-  /** turnId -> {status, result}: completions seen, applied over older snapshots. */
+  /** The person's user name (from `hello`): a turn they aborted reads "by you". */
+  me: null,
+  /** turnId -> {status, result, reason?, endedBy?, usage?}: endings seen, applied over older snapshots. */
   completions: new Map(),
   /** turnId -> progress events that arrived before the turn itself. */
   orphans: new Map(),
 };
 
 // The arrows let a module call one created after it; none calls back while being created.
-const drones = createDronePicker(state, {
-  onChange: () => {
-    for (const card of state.cards.values()) card.refreshDrone();
-  },
-});
+const refreshCards = () => {
+  for (const card of state.cards.values()) card.refresh();
+};
+const drones = createDronePicker(state, { onChange: refreshCards });
 const conversation = createConversation(state, {
-  cardContext: { droneLabel: (droneId) => drones.label(droneId) },
-  onTurnProcessing: (sessionId, turnId) => sessions.markProcessing(sessionId, turnId),
+  cardContext: {
+    droneLabel: (droneId) => drones.label(droneId),
+    drone: (droneId) => drones.describe(droneId),
+    anyDroneOnline: () => state.drones.length > 0,
+    me: () => state.me,
+    cancelQueued: (card) => controls.cancelQueued(card),
+    focusLost: () => controls.focusPrompt(),
+  },
+  onStatus: (card) => sessions.turnStatus(card),
   onChange: () => controls.sync(),
 });
 const sessions = createSessionList(state, {
@@ -55,6 +66,7 @@ const controls = createControls(state, { conversation, sessions, drones });
 
 /** After every (re)connect: reload drones, sessions and the open session from the relay. */
 watchConnection(() => {
+  conversation.forgetOthers();
   drones.load();
   sessions.load();
   if (state.currentSessionId) sessions.open(state.currentSessionId);
@@ -68,7 +80,11 @@ socket.on(SESSIONS, (list) => {
   if (Array.isArray(list)) sessions.changed(list);
 });
 
-watchAccount((user) => sessions.allowEveryone(user.admin));
+watchAccount((user) => {
+  state.me = user.name;
+  sessions.allowEveryone(user.admin);
+  refreshCards();
+});
 
 socket.on(TURN_STARTED, (view) => {
   if (view?.turnId) conversation.upsertTurn(view, { fromStart: true });
@@ -78,12 +94,20 @@ socket.on(WORK_ORDER_PROGRESS, (ev) => {
   if (ev?.turnId) conversation.progress(ev);
 });
 
+socket.on(TURN_QUEUED, (place) => {
+  if (place?.turnId) conversation.placed(place);
+});
+
 socket.on(WORK_ORDER_COMPLETE, (turnId, success, message) => {
   if (!turnId) return;
   const result = typeof message === "string" ? message : undefined;
-  conversation.complete(turnId, completionStatus(success, message), result);
-  sessions.markIdle(turnId);
-  controls.sync();
+  conversation.complete(turnId, { status: completionStatus(success, message), result });
+});
+
+socket.on(TURN_ENDED, (ending) => {
+  if (!ending?.turnId || !TURN_STATUSES.includes(ending.status)) return;
+  const { status, reason, result, endedBy, usage } = ending;
+  conversation.complete(ending.turnId, { status, reason, result, endedBy, usage });
 });
 
 // ---------------------------------------------------------------- start

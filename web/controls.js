@@ -1,80 +1,57 @@
-// The prompt form: submit a work order, and abort the open session's processing turn (Cancel, Esc Esc).
+// The prompt form: submit a work order, queue a follow-up or interrupt the running turn with it,
+// and the buttons that stop the running turn (see abort.js).
 
-import { ABORT_WORK_ORDER, SUBMIT_WORK_ORDER } from "./protocol.js";
+import { createAbortControls } from "./abort.js";
+import { SUBMIT_WORK_ORDER } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { byId, toast } from "./ui.js";
 
-const ESC_WINDOW_MS = 3000;
+const MAC = /Mac|iPhone|iPad/.test(navigator.userAgentData?.platform ?? navigator.platform ?? "");
 
-/** The abort ack `(success, message)`; the relay's generic refusals come as `{ok, error}`. */
-function abortAnswer([success, message]) {
-  if (success && typeof success === "object") {
-    message = success.message ?? success.error;
-    success = Boolean(success.ok ?? success.success);
-  }
-  return { success: Boolean(success), message: typeof message === "string" ? message : "" };
+/** Show the platform's modifier key (⌘ on macOS, Ctrl elsewhere) wherever a shortcut names it. */
+function showModifierKey(interrupt) {
+  for (const el of document.querySelectorAll(".mod-key")) el.textContent = MAC ? "⌘" : "Ctrl";
+  interrupt.setAttribute("aria-keyshortcuts", MAC ? "Meta+Enter" : "Control+Enter");
 }
 
 export function createControls(state, { conversation, sessions, drones }) {
   const form = byId("prompt-form");
   const prompt = byId("prompt");
   const submit = byId("submit");
-  const cancel = byId("cancel");
-  const escHint = byId("esc-hint");
+  const interrupt = byId("interrupt");
+  const runBar = byId("run-bar");
+  const buttons = [submit, interrupt, byId("cancel"), byId("stop-after-step")];
+  const abort = createAbortControls(state, { conversation });
   let submitting = false;
+  showModifierKey(interrupt);
 
-  /** The abort of the open session's processing turn; the Esc listener is on while `turnId` is set. */
-  const abort = {
-    turnId: null,
-    /** "idle", "requesting" (the relay's ack is awaited) or "aborting" (signaled; the turn ends soon). */
-    phase: "idle",
-    /** The "Aborting…" toast, dismissed once the phase is no longer "aborting". */
-    abortingToast: null,
-    /** `{timer, toast}` after a first Esc: a second one within ESC_WINDOW_MS aborts. */
-    escArm: null,
-  };
-
-  /** Point the abort at `turnId` (null when nothing processes); another turn starts afresh. */
-  function follow(turnId) {
-    if (turnId === abort.turnId) return;
-    disarmEsc();
-    if (turnId && !abort.turnId) document.addEventListener("keydown", onEscKeydown);
-    if (!turnId && abort.turnId) document.removeEventListener("keydown", onEscKeydown);
-    abort.turnId = turnId;
-    abort.phase = "idle";
-  }
-
-  /** Bring buttons, Esc listener and abort state in line with the open session's turns. */
+  /** Bring the buttons in line with the open session's turns. */
   function sync() {
-    follow(state.currentSessionId ? conversation.processingTurnId() : null);
-    if (abort.phase !== "aborting" && abort.abortingToast) {
-      // The turn has ended (its card now says how): "Aborting…" would no longer be true.
-      abort.abortingToast.dismiss();
-      abort.abortingToast = null;
-    }
-
-    const hadFocus = document.activeElement === cancel || document.activeElement === submit;
-    const processing = abort.turnId !== null;
-    cancel.textContent = abort.phase === "aborting" ? "Aborting..." : "Cancel";
-    cancel.disabled = processing && abort.phase !== "idle";
-    cancel.hidden = !processing;
-    submit.hidden = processing;
+    const hadFocus = buttons.includes(document.activeElement);
+    abort.sync();
+    const running = abort.processingTurnId() !== null;
+    submit.textContent = running || conversation.hasQueued() ? "Queue" : "Submit";
+    interrupt.hidden = !running;
+    runBar.hidden = !running;
     // An admin may watch and abort someone else's session, not write in it.
     const owner = state.sessions.find((s) => s.sessionId === state.currentSessionId)?.ownerName;
     prompt.disabled = Boolean(owner);
     prompt.placeholder = owner
       ? `${owner}'s session: you can watch and abort its turns, not add to it.`
-      : "Ask something…";
+      : running
+        ? "Ask a follow-up: it runs after this turn…"
+        : "Ask something…";
     submit.disabled = submitting || Boolean(owner);
-    form.dataset.state = processing ? "processing" : "idle";
-    escHint.hidden = !processing;
+    interrupt.disabled = submitting || Boolean(owner);
+    form.dataset.state = running ? "processing" : "idle";
     if (hadFocus && (document.activeElement === document.body || document.activeElement === null)) {
       prompt.focus();
     }
   }
 
-  async function submitPrompt() {
-    if (abort.turnId || submitting) return;
+  /** Send the prompt; in a session with a running turn, `mode` "queue" runs it after, "interrupt" instead. */
+  async function submitPrompt(mode) {
+    if (submitting) return;
     const text = prompt.value;
     if (!text.trim()) {
       prompt.focus();
@@ -85,7 +62,7 @@ export function createControls(state, { conversation, sessions, drones }) {
       return;
     }
     const sessionAtSubmit = state.currentSessionId;
-    const payload = { prompt: text };
+    const payload = { prompt: text, mode };
     if (sessionAtSubmit) payload.sessionId = sessionAtSubmit;
     const droneId = drones.picked();
     if (droneId) payload.droneId = droneId;
@@ -110,18 +87,20 @@ export function createControls(state, { conversation, sessions, drones }) {
       prompt.value = "";
       autosize();
     }
+    if (buttons.includes(document.activeElement)) prompt.focus();
     const { turnId, sessionId } = res;
     if (state.currentSessionId !== sessionAtSubmit) return; // the person moved on meanwhile
     const started = !sessionAtSubmit && sessionId;
     if (started) sessions.adopt(sessionId, text);
     if (turnId && sessionId) {
+      // Normally `turnStarted` came first and the card exists; this adds it if it did not.
       conversation.upsertTurn({
         turnId,
         sessionId,
         prompt: text,
-        status: "processing",
+        status: "queued",
         text: "",
-        droneId: droneId || undefined,
+        wantedDroneId: droneId || undefined,
         createdAt: Date.now() / 1000,
         messages: [],
       });
@@ -134,53 +113,6 @@ export function createControls(state, { conversation, sessions, drones }) {
     }
   }
 
-  async function requestAbort() {
-    const { turnId } = abort;
-    if (!turnId || abort.phase !== "idle") return;
-    disarmEsc();
-    if (!socket.connected) {
-      toast("Not connected to the relay: cannot abort right now.", { error: true });
-      return;
-    }
-    abort.phase = "requesting";
-    sync();
-    let answer = null;
-    try {
-      answer = abortAnswer(await request(ABORT_WORK_ORDER, { turnId }));
-    } catch {
-      /* answered below */
-    }
-    if (abort.turnId === turnId && abort.phase === "requesting") abort.phase = "idle";
-    if (!answer) {
-      toast("The relay did not answer the abort request.", { error: true });
-    } else if (answer.success) {
-      abort.abortingToast?.dismiss();
-      abort.abortingToast = toast("Aborting…");
-      if (abort.turnId === turnId) abort.phase = "aborting";
-    } else {
-      toast(answer.message || "The turn could not be aborted.", { error: true });
-    }
-    sync();
-  }
-
-  function onEscKeydown(e) {
-    if (e.key !== "Escape" || e.repeat || !abort.turnId) return;
-    if (!abort.escArm) {
-      const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS });
-      abort.escArm = { toast: warning, timer: setTimeout(disarmEsc, ESC_WINDOW_MS) };
-      return;
-    }
-    disarmEsc();
-    requestAbort();
-  }
-
-  function disarmEsc() {
-    if (!abort.escArm) return;
-    clearTimeout(abort.escArm.timer);
-    abort.escArm.toast.dismiss();
-    abort.escArm = null;
-  }
-
   function autosize() {
     prompt.style.height = "auto";
     prompt.style.height = `${Math.min(prompt.scrollHeight + 2, Math.round(window.innerHeight * 0.4))}px`;
@@ -188,22 +120,22 @@ export function createControls(state, { conversation, sessions, drones }) {
 
   form.addEventListener("submit", (e) => {
     e.preventDefault();
-    submitPrompt();
+    submitPrompt(e.submitter === interrupt ? "interrupt" : "queue");
   });
   prompt.addEventListener("keydown", (e) => {
     if (e.key !== "Enter" || e.shiftKey || e.isComposing || e.keyCode === 229) return;
     e.preventDefault();
-    if (abort.turnId) return; // Cancel is showing; Enter must not start another turn
-    form.requestSubmit(submit);
+    const interrupting = (e.ctrlKey || e.metaKey) && !interrupt.hidden;
+    form.requestSubmit(interrupting ? interrupt : submit);
   });
   prompt.addEventListener("input", autosize);
-  cancel.addEventListener("click", () => requestAbort());
 
   return {
     sync,
     autosize,
+    cancelQueued: abort.cancelQueued,
     focusPrompt: () => prompt.focus(),
-    processingTurnId: () => abort.turnId,
-    escListenerActive: () => abort.turnId !== null,
+    processingTurnId: abort.processingTurnId,
+    escListenerActive: abort.escListenerActive,
   };
 }

@@ -8,10 +8,10 @@ const MAX_ORPHAN_TURNS = 50;
 const MAX_ORPHAN_EVENTS = 5000;
 
 /**
- * `cardContext` goes to every TurnCard; `onTurnProcessing(sessionId, turnId)` runs when a
- * processing turn shows up, `onChange()` after the shown turns or their statuses change.
+ * `cardContext` goes to every TurnCard; `onStatus(card)` runs when a turn's status may have
+ * changed, `onChange()` after the shown turns or their statuses change.
  */
-export function createConversation(state, { cardContext, onTurnProcessing, onChange }) {
+export function createConversation(state, { cardContext, onStatus, onChange }) {
   const section = byId("conversation");
   const list = byId("turns");
   const empty = byId("empty");
@@ -45,13 +45,21 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
       .map((view) => {
         const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
         const done = state.completions.get(card.turnId);
-        if (done && card.processing) card.setStatus(done.status, done.result);
+        if (done) card.end(done);
         state.orphans.delete(card.turnId); // the snapshot already holds what was streamed
         state.cards.set(card.turnId, card);
         return card;
       });
     stickToBottom = true;
     showCards(cards);
+    for (const card of cards) onStatus(card);
+  }
+
+  /** After a reconnect only the open session's turns are followed again: forget the others. */
+  function forgetOthers() {
+    for (const [id, card] of state.cards) {
+      if (card.sessionId !== state.currentSessionId) state.cards.delete(id);
+    }
   }
 
   function renderEmpty() {
@@ -74,16 +82,23 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
     return id;
   }
 
-  /** Add a turn we learned about from `turnStarted` or a submit answer; keep output already shown. */
+  function hasQueued() {
+    return list.querySelector("article.turn.queued") !== null;
+  }
+
+  /**
+   * Add or update a turn from `turnStarted` (`fromStart`: its view is news) or a submit answer
+   * (which only adds a turn not heard of yet); keep output already shown.
+   */
   function upsertTurn(view, { fromStart = false } = {}) {
     let card = state.cards.get(view.turnId);
     if (card) {
-      card.updateMeta(view);
+      if (fromStart) card.apply(view);
     } else {
       card = TurnCard.fromView(view, cardContext);
       state.cards.set(card.turnId, card);
       const done = state.completions.get(card.turnId);
-      if (done && card.processing) card.setStatus(done.status, done.result);
+      if (done) card.end(done);
       const early = state.orphans.get(card.turnId);
       state.orphans.delete(card.turnId);
       if (early) for (const ev of early) applyProgress(card, ev);
@@ -95,9 +110,14 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
       renderLoading();
       if (stick || !fromStart) scrollToBottom(true);
     }
-    if (card.processing && view.sessionId) onTurnProcessing(view.sessionId, card.turnId);
+    onStatus(card);
     onChange();
     return card;
+  }
+
+  /** `turnQueued`: a queued turn's new place in line. */
+  function placed(ev) {
+    state.cards.get(ev.turnId)?.place(ev);
   }
 
   /** A `workOrderProgress` event; kept for later when its turn is not known yet. */
@@ -119,7 +139,13 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
   }
 
   function applyProgress(card, ev) {
-    if (!card.processing) return; // late output of an ended turn
+    if (card.ended) return; // late output of an ended turn
+    if (!card.processing) {
+      // Output means the turn has started, whatever an older view said.
+      card.setStatus("processing");
+      onStatus(card);
+      onChange();
+    }
     if (ev.kind === TEXT_DELTA) {
       if (!ev.depth && typeof ev.seq === "number") {
         if (ev.seq <= card.textSeq) return; // already part of the snapshot the card came from
@@ -131,11 +157,19 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
     if (isShown(card)) scrollToBottom(false);
   }
 
-  /** A turn has ended (`workOrderComplete`). */
-  function complete(turnId, status, result) {
-    state.completions.set(turnId, { status, result });
+  /** A turn has ended: `workOrderComplete`, then `turnEnded` with why (`ending`). */
+  function complete(turnId, ending) {
+    const done = { ...state.completions.get(turnId) };
+    for (const [key, value] of Object.entries(ending)) {
+      if (value !== undefined && value !== null) done[key] = value;
+    }
+    state.completions.set(turnId, done);
     state.orphans.delete(turnId);
-    state.cards.get(turnId)?.setStatus(status, result);
+    const card = state.cards.get(turnId);
+    if (!card) return;
+    card.end(done);
+    onStatus(card);
+    onChange();
   }
 
   function scrollToBottom(force) {
@@ -148,5 +182,16 @@ export function createConversation(state, { cardContext, onTurnProcessing, onCha
     });
   }
 
-  return { showSession, showSnapshot, renderLoading, processingTurnId, upsertTurn, progress, complete };
+  return {
+    showSession,
+    showSnapshot,
+    forgetOthers,
+    renderLoading,
+    processingTurnId,
+    hasQueued,
+    upsertTurn,
+    placed,
+    progress,
+    complete,
+  };
 }

@@ -16,12 +16,17 @@ function modelLabel(drone) {
 export function createDronePicker(state, { onChange }) {
   const select = byId("drone");
   const summary = byId("drone-summary");
+  /** droneId -> label of every drone listed since the page loaded, gone ones included. */
+  const seen = new Map();
 
-  /** "name (model)" of a known drone, "" for an unknown one. */
+  /** "name (model)" of a drone listed now or before, "" for one never seen. */
   function label(droneId) {
-    const drone = state.drones.find((d) => d.droneId === droneId);
-    if (!drone) return "";
-    return `${drone.name} (${modelLabel(drone)})`;
+    return seen.get(droneId) ?? "";
+  }
+
+  /** `{label, online}` of a drone a turn waits for (its id when never seen). */
+  function describe(droneId) {
+    return { label: label(droneId) || droneId, online: state.drones.some((d) => d.droneId === droneId) };
   }
 
   function set(drones) {
@@ -29,6 +34,7 @@ export function createDronePicker(state, { onChange }) {
       .filter((d) => d && d.droneId)
       .slice()
       .sort((a, b) => String(a.name).localeCompare(String(b.name)) || String(a.droneId).localeCompare(String(b.droneId)));
+    for (const d of state.drones) seen.set(d.droneId, `${d.name} (${modelLabel(d)})`);
     render();
     onChange();
   }
@@ -86,5 +92,5 @@ export function createDronePicker(state, { onChange }) {
   /** The picked drone's id, "" for any drone. */
   const picked = () => select.value;
 
-  return { label, set, render, load, picked };
+  return { label, describe, set, render, load, picked };
 }

@@ -11,6 +11,8 @@ export const LIST_DRONES = "listDrones";
 // relay -> browser
 export const HELLO = "hello";
 export const LOGGED_OUT = "loggedOut";
+export const TURN_QUEUED = "turnQueued";
+export const TURN_ENDED = "turnEnded";
 export const TURN_STARTED = "turnStarted";
 export const WORK_ORDER_PROGRESS = "workOrderProgress";
 export const WORK_ORDER_COMPLETE = "workOrderComplete";
@@ -23,6 +25,9 @@ export const TOOL_ACTIVITY = "tool";
 
 /** The message of `workOrderComplete(turnId, true, "aborted")`. */
 export const ABORTED = "aborted";
+/** The answers to `abortWorkOrder`: signaled, and (mode "after_step") the step in progress finishes first. */
+export const ABORT_SIGNALED = "Abort signaled";
+export const STOP_AFTER_STEP = "Stopping after this step";
 /** The result the drone stores for a tool call an abort cut short. */
 export const TOOL_CANCELLED = "Tool execution was cancelled by user.";
 
@@ -31,7 +36,22 @@ export const MAX_PROMPT_CHARS = 100_000;
 /** Why the relay refuses a connection at connect: the person must log in (at /login). */
 export const NOT_LOGGED_IN = "Log in to continue.";
 
-export const TURN_STATUSES = Object.freeze(["processing", "finished", "aborted", "error"]);
+export const TURN_STATUSES = Object.freeze(["queued", "processing", "finished", "aborted", "error"]);
+
+/** Why a turn ended (`turnEnded.reason`). */
+export const END_REASONS = Object.freeze([
+  "finished",
+  "aborted",
+  "operator",
+  "shutdown",
+  "unanswered",
+  "deadline",
+  "stalled",
+  "model_failed",
+  "drone_lost",
+  "relay_restarted",
+  "drone_failed",
+]);
 
 const TITLE_CHARS = 60;
 // Python's str.isspace() (what str.strip() removes), which is not JavaScript's \s.

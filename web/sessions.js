@@ -26,6 +26,8 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   const ownerLine = byId("session-owner");
   const scope = byId("sessions-scope");
   let openSeq = 0;
+  /** The queued sessions the list shows now (`queuedKey`). */
+  let shownQueued = "";
 
   /** An admin may list everyone's sessions; the choice is kept in `state.everyone`. */
   function allowEveryone(admin) {
@@ -67,36 +69,47 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     renderHeader();
   }
 
-  function markProcessing(sessionId, turnId) {
-    const s = state.sessions.find((x) => x.sessionId === sessionId);
-    if (s && s.processingTurnId !== turnId) {
-      s.processingTurnId = turnId;
-      render();
+  /** A turn's status may have changed: the session is working while one of its turns runs. */
+  function turnStatus(card) {
+    const s = state.sessions.find((x) => x.sessionId === card.sessionId);
+    let changed = false;
+    if (s && card.processing && s.processingTurnId !== card.turnId) {
+      s.processingTurnId = card.turnId;
+      changed = true;
+    } else if (s && !card.processing && s.processingTurnId === card.turnId) {
+      delete s.processingTurnId;
+      changed = true;
     }
+    if (changed || queuedKey(queuedSessions()) !== shownQueued) render();
   }
 
-  function markIdle(turnId) {
-    let changed = false;
-    for (const s of state.sessions) {
-      if (s.processingTurnId === turnId) {
-        delete s.processingTurnId;
-        changed = true;
-      }
-    }
-    if (changed) render();
+  /** Sessions with a queued turn, of those whose turns this page follows. */
+  function queuedSessions() {
+    const found = new Set();
+    for (const card of state.cards.values()) if (card.status === "queued") found.add(card.sessionId);
+    return found;
   }
+
+  const queuedKey = (sessions) => [...sessions].sort().join(" ");
 
   function render() {
     const sorted = state.sessions.slice().sort((a, b) => (b.createdAt ?? 0) - (a.createdAt ?? 0));
+    const waiting = queuedSessions();
+    shownQueued = queuedKey(waiting);
     const items = sorted.map((s) => {
       const current = s.sessionId === state.currentSessionId;
       const working = Boolean(s.processingTurnId);
+      const queued = !working && (s.queuedTurns > 0 || waiting.has(s.sessionId));
       const button = h(
         "button",
         {
           type: "button",
           class: current ? "session current" : "session",
-          dataset: { sessionId: s.sessionId, processing: working ? "true" : "false" },
+          dataset: {
+            sessionId: s.sessionId,
+            processing: working ? "true" : "false",
+            queued: queued ? "true" : "false",
+          },
           "aria-current": current ? "true" : null,
           title: fullTime(s.createdAt),
           onclick: () => select(s.sessionId),
@@ -106,7 +119,8 @@ export function createSessionList(state, { conversation, focusPrompt }) {
           "span",
           { class: "session-meta" },
           s.ownerName ? h("span", { class: "session-owner-tag" }, s.ownerName) : null,
-          working ? h("span", { class: "session-working", title: "Working" }, "working") : null,
+          working ? h("span", { class: "session-working", title: "A turn is running" }, "working") : null,
+          queued ? h("span", { class: "session-queued", title: "A turn waits in line" }, "queued") : null,
           h("span", { class: "session-time" }, formatTime(s.createdAt)),
         ),
       );
@@ -210,8 +224,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     set,
     changed,
     allowEveryone,
-    markProcessing,
-    markIdle,
+    turnStatus,
     render,
     renderHeader,
     open,

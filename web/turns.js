@@ -1,19 +1,16 @@
 // One turn as a card: prompt, streamed output (text, tool calls, sub-agents indented) and status.
 
 import { TOOL_CANCELLED, TURN_STATUSES } from "./protocol.js";
-import { argsPreview, formatTime, fullTime, h, preview } from "./ui.js";
+import { ToolLine } from "./tool-line.js";
+import { footOf } from "./turn-status.js";
+import { formatTime, fullTime, h } from "./ui.js";
 
-const TOOL_BADGES = {
-  start: "running",
-  end: "done",
-  cancelled: "cancelled",
-  error: "error",
-};
+const ENDED = ["finished", "aborted", "error"];
 
 export class TurnCard {
   /**
    * @param {object} view a TurnView (at least turnId, sessionId, prompt, status)
-   * @param {{droneLabel: (droneId: string) => string}} ctx
+   * @param {object} ctx `droneLabel(id)`, and what the foot needs (see `footOf`)
    */
   constructor(view, ctx) {
     this.ctx = ctx;
@@ -21,6 +18,16 @@ export class TurnCard {
     this.sessionId = view.sessionId;
     this.status = "processing";
     this.result = undefined;
+    /** How it ended (`turnEnded`): reason, who aborted it, tokens used. */
+    this.reason = null;
+    this.endedBy = null;
+    this.usage = null;
+    /** While queued: its place in line (null until known) and the drone it waits for (null: any). */
+    this.position = null;
+    this.wantedDroneId = null;
+    /** "Stop after this step" was acknowledged; a queued turn's Cancel is under way. */
+    this.stopping = false;
+    this.cancelling = false;
     this.droneId = view.droneId ?? null;
     this.createdAt = view.createdAt;
     this.tools = new Map();
@@ -32,14 +39,14 @@ export class TurnCard {
     this.droneEl = h("span", { class: "turn-drone" });
     this.promptEl = h("div", { class: "turn-prompt" }, view.prompt ?? "");
     this.outputEl = h("div", { class: "turn-output" });
-    this.statusEl = h("div", { class: "turn-status" });
+    this.footEl = h("div", { class: "turn-foot" });
     this.el = h(
       "article",
       { class: "turn processing", dataset: { turnId: this.turnId }, "aria-label": "Turn" },
       h("header", { class: "turn-head" }, h("span", { class: "turn-you" }, "You"), this.timeEl, this.droneEl),
       this.promptEl,
       this.outputEl,
-      this.statusEl,
+      this.footEl,
     );
     this.updateMeta(view);
     this.setStatus(view.status ?? "processing", view.result);
@@ -49,8 +56,55 @@ export class TurnCard {
   static fromView(view, ctx) {
     const card = new TurnCard({ ...view, status: "processing" }, ctx);
     card.renderHistory(view);
-    card.setStatus(TURN_STATUSES.includes(view.status) ? view.status : "processing", view.result);
+    card.apply(view);
     return card;
+  }
+
+  get prompt() {
+    return this.promptEl.textContent;
+  }
+
+  get ended() {
+    return ENDED.includes(this.status);
+  }
+
+  /** A newer view of the turn (`turnStarted`, a snapshot): meta, place in line, ending, status. */
+  apply(view) {
+    if (view.status === "queued" && !this.ended) this.droneId = null; // back in line
+    this.updateMeta(view);
+    if (view.wantedDroneId) this.wantedDroneId = view.wantedDroneId;
+    if (Number.isInteger(view.position)) this.position = view.position;
+    if (view.reason) this.takeEnding(view);
+    this.setStatus(TURN_STATUSES.includes(view.status) ? view.status : "processing", view.result);
+  }
+
+  /** `turnQueued`: where the turn stands in line now. */
+  place({ position, droneId }) {
+    if (Number.isInteger(position)) this.position = position;
+    if (droneId) this.wantedDroneId = droneId;
+    if (this.status === "queued") this.renderFoot();
+  }
+
+  /** `turnEnded`: how and why it ended. */
+  end(ending) {
+    this.takeEnding(ending);
+    this.setStatus(ending.status ?? this.status, ending.result);
+  }
+
+  takeEnding({ reason, endedBy, usage }) {
+    if (reason) this.reason = reason;
+    if (endedBy) this.endedBy = endedBy;
+    if (usage && typeof usage === "object") this.usage = usage;
+  }
+
+  setStopping(stopping) {
+    this.stopping = stopping;
+    if (this.processing) this.renderFoot();
+  }
+
+  setCancelling(cancelling) {
+    this.cancelling = cancelling;
+    if (this.status === "queued") this.renderFoot();
   }
 
   /** Refresh prompt, drone and time from a (possibly partial) view, keeping the output. */
@@ -65,13 +119,15 @@ export class TurnCard {
       this.timeEl.dateTime = new Date(this.createdAt * 1000).toISOString();
       this.timeEl.title = fullTime(this.createdAt);
     }
-    this.refreshDrone();
+    this.refresh();
   }
 
-  refreshDrone() {
+  /** Redraw what depends on the drone list and the person (a drone came or went, hello). */
+  refresh() {
     const label = this.droneId ? this.ctx.droneLabel(this.droneId) : "";
     this.droneEl.textContent = label ? `on ${label}` : "";
     this.droneEl.hidden = !label;
+    if (this.status === "queued" || this.ended) this.renderFoot();
   }
 
   get processing() {
@@ -155,15 +211,18 @@ export class TurnCard {
     line.update(ev);
   }
 
+  /** Apply a status; an ended turn never goes back to queued or processing. */
   setStatus(status, result) {
     if (!TURN_STATUSES.includes(status)) status = "error";
+    if (this.ended && !ENDED.includes(status)) return;
     this.status = status;
     if (result !== undefined && result !== null) this.result = result;
     for (const s of TURN_STATUSES) this.el.classList.toggle(s, s === status);
     this.el.dataset.status = status;
     this.el.setAttribute("aria-busy", status === "processing" ? "true" : "false");
 
-    if (status !== "processing") {
+    if (this.ended) {
+      this.stopping = false;
       for (const line of this.tools.values()) {
         if (line.state !== "start") continue;
         if (status === "aborted") line.update({ state: "cancelled" });
@@ -171,63 +230,15 @@ export class TurnCard {
         else line.update({ state: "end" });
       }
     }
-
-    const s = this.statusEl;
-    s.replaceChildren();
-    switch (status) {
-      case "processing":
-        s.append(h("span", { class: "spinner", "aria-hidden": "true" }), "Working…");
-        break;
-      case "aborted":
-        s.append("The turn was aborted by you.");
-        break;
-      case "error":
-        s.append(this.result ? `Error: ${this.result}` : "Error: the turn failed.");
-        break;
-      default:
-        s.append("Finished");
-    }
-  }
-}
-
-class ToolLine {
-  constructor(callId, depth) {
-    const d = Math.max(0, Math.min(16, Number(depth) || 0));
-    this.state = "start";
-    this.nameEl = h("span", { class: "tool-name" });
-    this.argsEl = h("span", { class: "tool-args" });
-    this.badgeEl = h("span", { class: "tool-badge" });
-    this.resultSummary = h("summary", { class: "tool-result-preview" });
-    this.resultBody = h("pre", { class: "tool-result-body" });
-    this.resultEl = h("details", { class: "tool-result", hidden: true }, this.resultSummary, this.resultBody);
-    this.el = h(
-      "div",
-      {
-        class: d > 0 ? "tool sub" : "tool",
-        dataset: { callId, state: "start", depth: String(d) },
-        style: { "--depth": d },
-      },
-      h("div", { class: "tool-head" }, h("span", { class: "tool-icon", "aria-hidden": "true" }), this.nameEl, this.argsEl, this.badgeEl),
-      this.resultEl,
-    );
+    this.renderFoot();
   }
 
-  update(ev) {
-    if (ev.name) this.nameEl.textContent = ev.name;
-    if (ev.arguments !== undefined && ev.arguments !== null) {
-      this.argsEl.textContent = argsPreview(ev.arguments);
-      this.argsEl.title = preview(ev.arguments, 2000);
-    }
-    if (ev.state && TOOL_BADGES[ev.state]) {
-      this.state = ev.state;
-      this.el.dataset.state = ev.state;
-      this.badgeEl.textContent = TOOL_BADGES[ev.state];
-    }
-    if (ev.result !== undefined && ev.result !== null) {
-      const result = String(ev.result);
-      this.resultSummary.textContent = preview(result, 100) || "(empty result)";
-      this.resultBody.textContent = result;
-      this.resultEl.hidden = false;
-    }
+  renderFoot() {
+    const hadFocus = this.footEl.contains(document.activeElement);
+    this.footEl.replaceChildren(...footOf(this, this.ctx).filter(Boolean));
+    if (!hadFocus) return;
+    const button = this.footEl.querySelector("button:not(:disabled)");
+    if (button) button.focus();
+    else this.ctx.focusLost();
   }
 }

@@ -173,7 +173,7 @@ async def test_cancel_aborts_the_streaming_turn(
     await expect(turn).to_have_class(has_class("processing"))
     await expect(turn.locator(".turn-status")).to_have_text("Working…")
     await expect(turn.locator(".turn-output")).to_contain_text("w0 w1 w2 w3 ", timeout=WAIT_MS)
-    await expect(page.locator("#submit")).to_be_hidden()
+    await expect(page.locator("#submit")).to_have_text("Queue")  # a follow-up waits for it
     await expect(page.locator("#cancel")).to_have_text("Cancel")
     assert await page.evaluate("() => window.hangar.processingTurnId()") == turn_id
     assert await page.evaluate("() => window.hangar.escListenerActive()") is True
@@ -292,12 +292,13 @@ async def test_abort_refused_by_the_drone_shows_the_error_and_restores_cancel(
     first = await submit(page, "Say hello")
     await expect(first).to_have_class(has_class("finished"), timeout=WAIT_MS)
 
-    # The page misses the next completion, so the turn still looks processing here while it has
-    # already finished at the drone.
+    # The page misses the next completion (and the turnEnded after it), so the turn still looks
+    # processing here while it has already finished at the drone.
     await page.evaluate(
         """() => {
             const socket = window.hangar.socket;
             socket.off("workOrderComplete");
+            socket.off("turnEnded");
             window.__missed = [];
             socket.on("workOrderComplete", (...args) => window.__missed.push(args));
         }"""

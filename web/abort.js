@@ -1,0 +1,140 @@
+// Stopping turns: the open session's running turn (Cancel, Esc Esc, "Stop after this step"), and
+// a queued turn's own Cancel.
+
+import { ABORT_WORK_ORDER, STOP_AFTER_STEP } from "./protocol.js";
+import { request, socket } from "./socket.js";
+import { byId, toast } from "./ui.js";
+
+const ESC_WINDOW_MS = 3000;
+
+/** The abort ack `(success, message)`; the relay's generic refusals come as `{ok, error}`. */
+function abortAnswer([success, message]) {
+  if (success && typeof success === "object") {
+    message = success.message ?? success.error;
+    success = Boolean(success.ok ?? success.success);
+  }
+  return { success: Boolean(success), message: typeof message === "string" ? message : "" };
+}
+
+async function askToAbort(payload) {
+  if (!socket.connected) {
+    toast("Not connected to the relay: cannot abort right now.", { error: true });
+    return null;
+  }
+  try {
+    return abortAnswer(await request(ABORT_WORK_ORDER, payload));
+  } catch {
+    toast("The relay did not answer the abort request.", { error: true });
+    return null;
+  }
+}
+
+export function createAbortControls(state, { conversation }) {
+  const cancel = byId("cancel");
+  const stop = byId("stop-after-step");
+
+  /** The abort of the open session's processing turn; the Esc listener is on while `turnId` is set. */
+  const abort = {
+    turnId: null,
+    /**
+     * "idle"; "requesting" (an ack is awaited); "stopping" (it stops after its step; a press
+     * stops it now); "aborting" (signaled; the turn ends soon).
+     */
+    phase: "idle",
+    /** The "Aborting…" toast, dismissed once the phase is no longer "aborting". */
+    abortingToast: null,
+    /** `{timer, toast}` after a first Esc: a second one within ESC_WINDOW_MS aborts. */
+    escArm: null,
+  };
+
+  /** Point the abort at `turnId` (null when nothing processes); another turn starts afresh. */
+  function follow(turnId) {
+    if (turnId === abort.turnId) return;
+    disarmEsc();
+    if (turnId && !abort.turnId) document.addEventListener("keydown", onEscKeydown);
+    if (!turnId && abort.turnId) document.removeEventListener("keydown", onEscKeydown);
+    abort.turnId = turnId;
+    abort.phase = "idle";
+  }
+
+  /** Bring the buttons and the Esc listener in line with the open session's running turn. */
+  function sync() {
+    follow(state.currentSessionId ? conversation.processingTurnId() : null);
+    if (abort.phase !== "aborting" && abort.abortingToast) {
+      // The turn has ended (its card now says how): "Aborting…" would no longer be true.
+      abort.abortingToast.dismiss();
+      abort.abortingToast = null;
+    }
+    const running = abort.turnId !== null;
+    const { phase } = abort;
+    cancel.textContent = phase === "aborting" ? "Aborting..." : "Cancel";
+    cancel.disabled = running && phase !== "idle" && phase !== "stopping";
+    cancel.hidden = !running;
+    stop.textContent = phase === "stopping" ? "Stop now" : "Stop after this step";
+    stop.disabled = phase !== "idle" && phase !== "stopping";
+    stop.hidden = !running;
+  }
+
+  /** Abort the running turn: `mode` "now", or "after_step" (the step in progress finishes first). */
+  async function requestAbort(mode = "now") {
+    const { turnId } = abort;
+    const before = abort.phase;
+    if (!turnId || (before !== "idle" && before !== "stopping")) return;
+    if (mode === "after_step" && before === "stopping") mode = "now";
+    disarmEsc();
+    abort.phase = "requesting";
+    sync();
+    const answer = await askToAbort({ turnId, mode });
+    const current = abort.turnId === turnId && abort.phase === "requesting";
+    if (current) abort.phase = before;
+    if (answer && !answer.success) {
+      toast(answer.message || "The turn could not be aborted.", { error: true });
+    } else if (answer && mode === "after_step" && answer.message === STOP_AFTER_STEP) {
+      if (current) abort.phase = "stopping";
+      state.cards.get(turnId)?.setStopping(true);
+    } else if (answer) {
+      abort.abortingToast?.dismiss();
+      abort.abortingToast = toast("Aborting…");
+      if (current) abort.phase = "aborting";
+    }
+    sync();
+  }
+
+  /** A queued turn's own Cancel: it ends at once (or, if it has just started, as any abort). */
+  async function cancelQueued(card) {
+    if (card.cancelling) return;
+    card.setCancelling(true);
+    const answer = await askToAbort({ turnId: card.turnId });
+    if (answer?.success) return; // its card ends with the turn
+    if (answer) toast(answer.message || "The turn could not be cancelled.", { error: true });
+    card.setCancelling(false);
+  }
+
+  function onEscKeydown(e) {
+    if (e.key !== "Escape" || e.repeat || !abort.turnId) return;
+    if (!abort.escArm) {
+      const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS });
+      abort.escArm = { toast: warning, timer: setTimeout(disarmEsc, ESC_WINDOW_MS) };
+      return;
+    }
+    disarmEsc();
+    requestAbort("now");
+  }
+
+  function disarmEsc() {
+    if (!abort.escArm) return;
+    clearTimeout(abort.escArm.timer);
+    abort.escArm.toast.dismiss();
+    abort.escArm = null;
+  }
+
+  cancel.addEventListener("click", () => requestAbort("now"));
+  stop.addEventListener("click", () => requestAbort("after_step"));
+
+  return {
+    sync,
+    cancelQueued,
+    processingTurnId: () => abort.turnId,
+    escListenerActive: () => abort.turnId !== null,
+  };
+}
