@@ -137,7 +137,7 @@ class RelayConnection:
                 pass
         self.outbox.append((WORK_ORDER_COMPLETE, data))
 
-    async def call(self, event: str, data: Any, timeout: float = CONFIRM_TIMEOUT) -> Any:
+    async def call(self, event: str, data: Any, within: float = CONFIRM_TIMEOUT) -> Any:
         """Send ``event`` and return the relay's answer; raise ``ConnectionError`` as soon as
         the connection drops (python-socketio's own ``call`` waits out its timeout then)."""
         answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
@@ -149,7 +149,7 @@ class RelayConnection:
 
         try:
             await self.sio.emit(event, data, namespace=DRONE_NAMESPACE, callback=on_answer)
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within):
                 args = await answered
         finally:
             self._calls.discard(answered)

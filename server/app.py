@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from .live_state import LiveState, LocalLiveState
 from .relay import Relay
 from .sqlite_store import SqliteTurnStore
 from .store import TurnStore
+from .transport import RelayServer
 
 log = logging.getLogger("hangar.relay")
 
@@ -52,6 +54,15 @@ class RelayConfig:
     drone_grace: float = 3.0
     redis: str | None = None
     """Redis URL shared by several relays; None for a relay on its own."""
+    redis_prefix: str = ""
+    """What this deployment's Redis keys and channel start with; empty: one derived from the
+    database, so deployments sharing a Redis server do not hear each other."""
+
+    def deployment(self) -> str:
+        if self.redis_prefix:
+            return self.redis_prefix
+        return "hangar-" + hashlib.sha256(self.database.encode()).hexdigest()[:12]
+
     demo_model: bool = False
     """Serve the offline demo model at ``/demo/v1`` (OpenAI-compatible, slow canned answers)."""
 
@@ -65,20 +76,24 @@ def open_store(database: str) -> TurnStore:
     return SqliteTurnStore(database.removeprefix("sqlite:///"))
 
 
-def open_live_state(redis: str | None) -> LiveState:
+def open_live_state(redis: str | None, prefix: str) -> LiveState:
     if redis:
         from .redis_state import RedisLiveState
 
-        return RedisLiveState(redis)
+        return RedisLiveState(redis, prefix)
     return LocalLiveState()
 
 
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
-    manager = socketio.AsyncRedisManager(config.redis) if config.redis else None
+    manager = (
+        socketio.AsyncRedisManager(config.redis, channel=config.deployment())
+        if config.redis
+        else None
+    )
     store = store or open_store(config.database)
     relay_access: list[Access] = []
-    sio = socketio.AsyncServer(
+    sio = RelayServer(
         client_manager=manager,
         async_mode="aiohttp",
         # Every request carrying an Origin (websocket and polling) must come from the relay's
@@ -94,7 +109,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     relay = Relay(
         store,
         sio,
-        open_live_state(config.redis),
+        open_live_state(config.redis, config.deployment()),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,

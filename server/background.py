@@ -12,9 +12,14 @@ Later = Callable[[float, Callable[[], Coroutine[Any, Any, None]]], asyncio.Timer
 class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._closed = False
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in a task kept until it is done (or the relay closes)."""
+        if self._closed:
+            work.close()  # the relay is closing: nothing new starts
+            return
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -23,8 +28,23 @@ class Background:
         self, delay: float, work: Callable[[], Coroutine[Any, Any, None]]
     ) -> asyncio.TimerHandle:
         """Run ``work()`` as a task after ``delay`` seconds (cancel the handle to skip it)."""
-        return asyncio.get_running_loop().call_later(delay, lambda: self.spawn(work()))
 
-    def close(self) -> None:
-        for task in list(self._tasks):
+        def start() -> None:
+            self._timers.discard(handle)
+            self.spawn(work())
+
+        handle = asyncio.get_running_loop().call_later(delay, start)
+        self._timers.add(handle)
+        return handle
+
+    async def close(self) -> None:
+        """Cancel what is pending and wait (briefly) for what runs to unwind."""
+        self._closed = True
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)

@@ -77,6 +77,12 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         help="Redis URL shared by several relays (HANGAR_REDIS; default: none, one relay)",
     )
     command.add_argument(
+        "--redis-prefix",
+        default=env("HANGAR_REDIS_PREFIX", ""),
+        help="what this deployment's Redis keys and channel start with (HANGAR_REDIS_PREFIX; "
+        "default: derived from --database, so deployments sharing a Redis do not mix)",
+    )
+    command.add_argument(
         "--allowed-origin",
         action="append",
         default=[o for o in env("HANGAR_ALLOWED_ORIGINS", "").split(",") if o],
@@ -105,6 +111,7 @@ def relay_config(args: argparse.Namespace) -> RelayConfig:
         port=args.port,
         database=args.database,
         redis=args.redis,
+        redis_prefix=args.redis_prefix,
         allowed_origins=args.allowed_origin,
         abort_grace=args.abort_grace,
         drone_grace=args.drone_grace,

@@ -1,6 +1,6 @@
-"""The drone directory: which drones are online (here and on other relays), how loaded they are,
-which one takes an order, how to call one and wait for its answer, and the drone list browsers
-see."""
+"""The drone directory: which drones are online (here and on other relays), how to call one and
+wait for its answer, and the drone list browsers see (with how many turns each runs, from the
+store)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import socketio
 
 from hangar.shared.protocol import DRONE_NAMESPACE, DRONES, IDE_NAMESPACE, DroneView
 
+from . import queue
 from .background import Later
 from .live_state import DroneRoute, LiveState
 from .metrics import RelayMetrics
+from .store import Database
 
 log = logging.getLogger("hangar.relay")
 
@@ -26,25 +28,29 @@ class DroneDirectory:
     """Drones are keyed by id; the route of each says where its connection is."""
 
     def __init__(
-        self, sio: socketio.AsyncServer, live: LiveState, metrics: RelayMetrics, later: Later
+        self,
+        sio: socketio.AsyncServer,
+        live: LiveState,
+        store: Database,
+        metrics: RelayMetrics,
+        later: Later,
     ) -> None:
         self.sio = sio
         self.live = live
+        self.store = store
         self.metrics = metrics
         self.later = later
         self.local: dict[str, DroneRoute] = {}
         """Drones connected to this relay."""
         self._drones_pending = False
 
-    async def join(self, route: DroneRoute, running: list[str]) -> DroneRoute | None:
-        """Register a drone connected here; returns the route it replaces, if any."""
-        previous = self.local.get(route.drone_id)
+    async def join(self, route: DroneRoute) -> None:
+        """Register a drone connected here (replacing an earlier connection of it)."""
         self.local[route.drone_id] = route
         self.metrics.drones.set(len(self.local))
-        await self.live.add_drone(route, running)
-        log.info("drone online drone=%s running=%d", route.drone_id, len(running))
+        await self.live.add_drone(route)
+        log.info("drone online drone=%s", route.drone_id)
         await self.broadcast()
-        return previous if previous is not None and previous.sid != route.sid else None
 
     async def leave(self, route: DroneRoute) -> bool:
         """Forget a drone's connection; False if a newer connection of the drone replaced it."""
@@ -65,32 +71,12 @@ class DroneDirectory:
         """The drone's route wherever it is connected."""
         return self.local.get(drone_id) or await self.live.drone(drone_id)
 
-    async def runs(self, drone_id: str | None, turn_id: str) -> bool:
-        """Whether a connected drone (on any relay) runs the turn."""
-        if drone_id is None or await self.live.drone(drone_id) is None:
+    async def present(self, drone_id: str | None) -> bool:
+        """Whether the drone is connected (to any relay). A connected drone runs the turns the
+        store says it does: they were reconciled when it (re)connected."""
+        if drone_id is None:
             return False
-        return turn_id in await self.live.running(drone_id)
-
-    async def pick(self, drone_id: str | None) -> tuple[DroneRoute | None, str]:
-        """The drone to take an order (the one named, else the least loaded), or why none can."""
-        if drone_id is not None:
-            route = await self.live.drone(drone_id)
-            if route is None:
-                return None, f"The drone {drone_id} is offline."
-            if len(await self.live.running(drone_id)) >= route.concurrency:
-                return None, f"The drone {route.name} is busy."
-            return route, ""
-        routes = await self.live.drones()
-        if not routes:
-            return None, "No drone is online."
-        best: tuple[float, DroneRoute] | None = None
-        for route in routes:
-            load = len(await self.live.running(route.drone_id)) / route.concurrency
-            if load < 1 and (best is None or load < best[0]):
-                best = (load, route)
-        if best is None:
-            return None, "Every drone is busy."
-        return best[1], ""
+        return drone_id in self.local or await self.live.drone(drone_id) is not None
 
     async def call(self, event: str, data: Any, route: DroneRoute) -> Any:
         """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
@@ -123,8 +109,9 @@ class DroneDirectory:
 
     async def views(self) -> list[dict[str, Any]]:
         views = []
+        counts = await queue.running_counts(self.store)
         for route in await self.live.drones():
-            running = len(await self.live.running(route.drone_id))
+            running = counts.get(route.drone_id, 0)
             view = DroneView(
                 **route.model_dump(exclude={"sid", "instance"}),
                 running=running,

@@ -83,7 +83,6 @@ class Dispatcher:
             capacity = await self._capacity()
             claimed = await self.store.claim_queued(capacity) if capacity else []
             for turn in claimed:
-                await self.live_state.add_running(turn.drone_id or "", turn.turn_id)
                 self.background.spawn(self._start(turn))
             if claimed:
                 await self.directory.broadcast()
@@ -102,6 +101,7 @@ class Dispatcher:
         assert self.endings is not None and turn.drone_id is not None
         turn.messages = [ChatMessage(role="user", content=turn.prompt)]
         await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
+        await self.rooms.send_sessions(turn.owner)
         route = await self.directory.route(turn.drone_id)
         if route is None:
             await self._back_in_line(turn, "The drone left before it got the work order.")
@@ -135,13 +135,12 @@ class Dispatcher:
             del self._refusals[turn.turn_id]
             await self.endings.end_turn(turn.turn_id, Ending("error", why, "drone_failed"))
             return
-        await self.live_state.remove_running(turn.drone_id, turn.turn_id)
         if await queue.requeue(self.store, turn.turn_id):
             log.info(
                 "work order back in line turn=%s drone=%s: %s", turn.turn_id, turn.drone_id, why
             )
             view = turn.view()
-            view.status, view.drone_id = "queued", None
+            view.status, view.drone_id, view.wanted_drone_id = "queued", None, turn.wanted_drone
             await self.rooms.to_session(turn.session_id, TURN_STARTED, view.wire())
         self.background.later(COOLING, self.dispatch)
 

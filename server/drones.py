@@ -118,7 +118,9 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
         route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
         self.connections[sid] = DroneConnection(self.relay, route)
-        await self.relay.turns.drone_joined(route, hello.running)
+        to_abort = await self.relay.turns.drone_joined(route, hello.running)
+        if to_abort:  # told once the connection is accepted, in a task of its own
+            self.relay.background.spawn(self.relay.turns.abort_on_drone(route, to_abort))
 
     async def revoked(self, revocation: Revocation) -> None:
         """A revoked drone is disconnected at once, its running turns ended in error."""

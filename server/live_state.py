@@ -1,8 +1,9 @@
-"""What relays share besides the database: which drones are online where, what they run, the
-live text of running turns, and aborts in flight. One relay keeps it in memory
-(``LocalLiveState``); several share it through Redis (``RedisLiveState``).
+"""What relays share besides the database: which drones are online where, the live text of
+running turns, and aborts in flight. One relay keeps it in memory (``LocalLiveState``); several
+share it through Redis (``RedisLiveState``).
 
-Turns themselves live in the store; this is only the fast-changing part.
+Turns themselves live in the store, and so does what each drone runs (its processing turns):
+this is only the fast-changing part, and all of it can be lost (a Redis restart) and rebuilt.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class LiveState(Protocol):
 
     async def close(self) -> None: ...
 
-    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
-        """Register (or replace) a drone and the turns it runs."""
+    async def add_drone(self, route: DroneRoute) -> None:
+        """Register (or replace) a drone connected to this relay."""
 
     async def remove_drone(self, drone_id: str, sid: str) -> None:
         """Forget a drone, unless it has reconnected meanwhile (another sid)."""
@@ -36,12 +37,6 @@ class LiveState(Protocol):
     async def drones(self) -> list[DroneRoute]: ...
 
     async def drone(self, drone_id: str) -> DroneRoute | None: ...
-
-    async def running(self, drone_id: str) -> set[str]: ...
-
-    async def add_running(self, drone_id: str, turn_id: str) -> None: ...
-
-    async def remove_running(self, drone_id: str, turn_id: str) -> None: ...
 
     async def append_text(self, turn_id: str, text: str) -> int:
         """Add a text delta; returns its sequence number (1 for the turn's first)."""
@@ -64,7 +59,6 @@ class LocalLiveState:
 
     def __init__(self) -> None:
         self.routes: dict[str, DroneRoute] = {}
-        self.runs: dict[str, set[str]] = {}
         self.texts: dict[str, list[str]] = {}
         self.aborts: dict[str, asyncio.Event] = {}
 
@@ -74,9 +68,8 @@ class LocalLiveState:
     async def close(self) -> None:
         return None
 
-    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
+    async def add_drone(self, route: DroneRoute) -> None:
         self.routes[route.drone_id] = route
-        self.runs[route.drone_id] = set(running)
 
     async def remove_drone(self, drone_id: str, sid: str) -> None:
         route = self.routes.get(drone_id)
@@ -88,15 +81,6 @@ class LocalLiveState:
 
     async def drone(self, drone_id: str) -> DroneRoute | None:
         return self.routes.get(drone_id)
-
-    async def running(self, drone_id: str) -> set[str]:
-        return set(self.runs.get(drone_id, ()))
-
-    async def add_running(self, drone_id: str, turn_id: str) -> None:
-        self.runs.setdefault(drone_id, set()).add(turn_id)
-
-    async def remove_running(self, drone_id: str, turn_id: str) -> None:
-        self.runs.get(drone_id, set()).discard(turn_id)
 
     async def append_text(self, turn_id: str, text: str) -> int:
         pieces = self.texts.setdefault(turn_id, [])

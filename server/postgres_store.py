@@ -128,14 +128,15 @@ class PostgresTurnStore:
         return TurnRecord.of(dict(row)) if row is not None else None
 
     async def processing_turns(
-        self, owner: str | None = None, session_id: str | None = None
+        self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None
     ) -> list[TurnRecord]:
         rows = await self.pool.fetch(
             "SELECT * FROM turns WHERE status = 'processing'"
             " AND ($1::text IS NULL OR owner = $1) AND ($2::text IS NULL OR session_id = $2)"
-            " ORDER BY created_at",
+            " AND ($3::text IS NULL OR drone_id = $3) ORDER BY created_at",
             owner,
             session_id,
+            drone_id,
         )
         return [TurnRecord.of(dict(row)) for row in rows]
 

@@ -5,9 +5,10 @@ transaction of its own (see ``TurnStore.claim_queued``).
 The order is fair between people: each person's queued turns are ranked (their first, second,
 …), and every person's first goes before anyone's second; among equals, the person whose last
 turn started longest ago (or never) goes first, then the oldest turn. So one person's fifty
-orders do not hold up another's one: after each of theirs starts, the other's is next. A session's turns run one at a time, in the
-order they were queued. A turn that names a drone waits for that drone; any other goes to the
-drone with the most room (the lowest share of its slots in use; ties at random), so load spreads.
+orders do not hold up another's one: after each of theirs starts, the other's is next. A
+session's turns run one at a time, in the order they were queued. A turn that names a drone
+waits for that drone; any other goes to the drone with the most room (the lowest share of its
+slots in use; ties at random), so load spreads.
 """
 
 from __future__ import annotations
@@ -141,3 +142,8 @@ async def requeue(db: Database, turn_id: str) -> bool:
         turn_id,
     )
     return changed == 1
+
+
+async def running_counts(db: Database) -> dict[str, int]:
+    """How many turns each drone runs, by the store."""
+    return {row["drone_id"]: int(row["running"]) for row in await db.fetch(RUNNING_PER_DRONE)}

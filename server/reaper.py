@@ -100,8 +100,8 @@ class Reaper:
 
     async def _orphan_timeout(self, turn_id: str, drone_id: str) -> None:
         self.timers.pop(turn_id, None)
-        if await self.directory.runs(drone_id, turn_id):
-            return  # the drone came back (maybe to another relay) and still runs it
+        if await self.directory.present(drone_id):
+            return  # the drone came back (maybe to another relay): it said what it still runs
         assert self.endings is not None
         await self.endings.end_turn(turn_id, DRONE_LOST)
 
@@ -123,7 +123,7 @@ class Reaper:
         for turn in turns:
             if turn.turn_id in self.timers:
                 continue
-            if await self.directory.runs(turn.drone_id, turn.turn_id):
+            if await self.directory.present(turn.drone_id):
                 self.missing_since.pop(turn.turn_id, None)
                 continue
             first = self.missing_since.setdefault(turn.turn_id, now)

@@ -1,10 +1,16 @@
-"""``LiveState`` in Redis, for several relays. Each relay refreshes its own drones' entries."""
+"""``LiveState`` in Redis, for several relays. Each relay refreshes its own drones' entries.
+
+Redis may stall or restart empty: every call is bounded (``CALL_TIMEOUT``); what is only
+bookkeeping (aborts in flight) fails quietly; the heartbeat keeps going through errors and
+writes this relay's drones back as soon as Redis answers again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from typing import Any
 
@@ -12,18 +18,26 @@ import redis.asyncio as aioredis
 
 from .live_state import DroneRoute
 
+log = logging.getLogger("hangar.relay")
+
 PRESENCE_TTL = 10.0
 """A drone entry not refreshed by its relay for this long is gone (its relay died)."""
 HEARTBEAT = 2.0
 ABORT_TTL = 60
+CALL_TIMEOUT = 2.0
+"""Seconds a Redis call may take before it fails (a stalled Redis must not stall the relay)."""
+FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
 class RedisLiveState:
-    def __init__(self, url: str, prefix: str = "hangar") -> None:
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(url)
+    def __init__(self, url: str, prefix: str) -> None:
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, socket_timeout=CALL_TIMEOUT, socket_connect_timeout=CALL_TIMEOUT
+        )
         self.prefix = prefix
         self.local: dict[str, DroneRoute] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._reachable = True
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -41,22 +55,22 @@ class RedisLiveState:
             await self.remove_drone(route.drone_id, route.sid)
         await self.redis.aclose()
 
-    async def add_drone(self, route: DroneRoute, running: list[str]) -> None:
+    async def add_drone(self, route: DroneRoute) -> None:
         self.local[route.drone_id] = route
-        runs = self.key("running", route.drone_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.key("drones"), route.drone_id, _entry(route))
-            pipe.delete(runs)
-            if running:
-                pipe.sadd(runs, *running)
-            await pipe.execute()
+        try:
+            await self.redis.hset(self.key("drones"), route.drone_id, _entry(route))
+        except FAILURES:
+            self._unreachable()  # the heartbeat writes it once Redis answers
 
     async def remove_drone(self, drone_id: str, sid: str) -> None:
         if (mine := self.local.get(drone_id)) is not None and mine.sid == sid:
             del self.local[drone_id]
-        current = await self.drone(drone_id)
-        if current is not None and current.sid == sid:
-            await self.redis.hdel(self.key("drones"), drone_id)
+        try:
+            current = await self.drone(drone_id)
+            if current is not None and current.sid == sid:
+                await self.redis.hdel(self.key("drones"), drone_id)
+        except FAILURES:
+            self._unreachable()  # its entry expires by itself
 
     async def drones(self) -> list[DroneRoute]:
         entries = await self.redis.hgetall(self.key("drones"))
@@ -65,16 +79,6 @@ class RedisLiveState:
     async def drone(self, drone_id: str) -> DroneRoute | None:
         text = await self.redis.hget(self.key("drones"), drone_id)
         return _alive(text) if text else None
-
-    async def running(self, drone_id: str) -> set[str]:
-        members = await self.redis.smembers(self.key("running", drone_id))
-        return {_text(m) for m in members}
-
-    async def add_running(self, drone_id: str, turn_id: str) -> None:
-        await self.redis.sadd(self.key("running", drone_id), turn_id)
-
-    async def remove_running(self, drone_id: str, turn_id: str) -> None:
-        await self.redis.srem(self.key("running", drone_id), turn_id)
 
     async def append_text(self, turn_id: str, text: str) -> int:
         seq: int = await self.redis.rpush(self.key("text", turn_id), text)
@@ -88,26 +92,43 @@ class RedisLiveState:
         await self.redis.delete(self.key("text", turn_id))
 
     async def abort_started(self, turn_id: str) -> None:
-        await self.redis.set(self.key("abort", turn_id), "pending", ex=ABORT_TTL)
+        with contextlib.suppress(*FAILURES):
+            await self.redis.set(self.key("abort", turn_id), "pending", ex=ABORT_TTL)
 
     async def abort_answered(self, turn_id: str) -> None:
-        await self.redis.delete(self.key("abort", turn_id))
+        with contextlib.suppress(*FAILURES):
+            await self.redis.delete(self.key("abort", turn_id))
 
     async def wait_abort_answered(self, turn_id: str, within: float) -> None:
         deadline = time.monotonic() + within
-        while await self.redis.exists(self.key("abort", turn_id)):
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.002)  # polling a key another relay deletes; bounded above
+        with contextlib.suppress(*FAILURES):
+            while await self.redis.exists(self.key("abort", turn_id)):
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(0.002)  # polling a key another relay deletes; bounded above
 
     async def _beat(self) -> None:
+        """Refresh this relay's drones' entries (and write them back after Redis lost them)."""
         while True:
             await asyncio.sleep(HEARTBEAT)
-            if self.local:
+            if not self.local:
+                continue
+            try:
                 await self.redis.hset(
                     self.key("drones"),
                     mapping={d: _entry(r) for d, r in self.local.items()},
                 )
+            except FAILURES:
+                self._unreachable()
+                continue
+            if not self._reachable:
+                self._reachable = True
+                log.warning("Redis answers again: this relay's drones are listed again")
+
+    def _unreachable(self) -> None:
+        if self._reachable:
+            self._reachable = False
+            log.warning("Redis does not answer; trying again every %g s", HEARTBEAT)
 
 
 def _entry(route: DroneRoute) -> str:

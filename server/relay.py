@@ -40,7 +40,7 @@ class Relay:
         self.background = Background()
         self.accounts = Accounts(store)
         self.rooms = Rooms(sio, store, live_state, self.accounts)
-        self.directory = DroneDirectory(sio, live_state, self.metrics, self.background.later)
+        self.directory = DroneDirectory(sio, live_state, store, self.metrics, self.background.later)
         self.reaper = Reaper(
             store,
             self.directory,
@@ -67,5 +67,5 @@ class Relay:
 
     async def close(self) -> None:
         self.reaper.close()
-        self.background.close()
+        await self.background.close()
         await self.live_state.close()

@@ -6,6 +6,7 @@ A session's room gets its turns' events; an owner's room gets the person's sessi
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import socketio
@@ -62,7 +63,11 @@ class Rooms:
         only = next(iter(owners)) if len(owners) == 1 else None
         processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(only)}
         names = await self.accounts.names(owners - {viewer_id})
-        return [s.view(processing.get(s.session_id), names.get(s.owner)).wire() for s in sessions]
+        waiting = Counter(row["session_id"] for row in await queue.queue_order(self.store))
+        return [
+            s.view(processing.get(s.session_id), names.get(s.owner), waiting[s.session_id]).wire()
+            for s in sessions
+        ]
 
     async def open_session(self, viewer: User, sid: str, session_id: str) -> dict[str, Any]:
         """Join a session's room and return its snapshot (live text of a running turn included)."""

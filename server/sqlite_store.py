@@ -174,13 +174,13 @@ class SqliteTurnStore:
         return await self._write(update)
 
     async def processing_turns(
-        self, owner: str | None = None, session_id: str | None = None
+        self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None
     ) -> list[TurnRecord]:
         rows = await self._rows(
             "SELECT * FROM turns WHERE status = 'processing'"
             " AND (? IS NULL OR owner = ?) AND (? IS NULL OR session_id = ?)"
-            " ORDER BY created_at",
-            (owner, owner, session_id, session_id),
+            " AND (? IS NULL OR drone_id = ?) ORDER BY created_at",
+            (owner, owner, session_id, session_id, drone_id, drone_id),
         )
         return [TurnRecord.of(dict(row)) for row in rows]
 

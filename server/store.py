@@ -30,13 +30,17 @@ class SessionRecord:
     created_at: float = field(default_factory=time.time)
 
     def view(
-        self, processing_turn_id: str | None = None, owner_name: str | None = None
+        self,
+        processing_turn_id: str | None = None,
+        owner_name: str | None = None,
+        queued_turns: int = 0,
     ) -> SessionView:
         return SessionView(
             session_id=self.session_id,
             title=self.title,
             created_at=self.created_at,
             processing_turn_id=processing_turn_id,
+            queued_turns=queued_turns,
             owner_name=owner_name,
         )
 
@@ -226,7 +230,7 @@ class TurnStore(Database, Protocol):
         """
 
     async def processing_turns(
-        self, owner: str | None = None, session_id: str | None = None
+        self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None
     ) -> list[TurnRecord]:
         """Processing turns (without their messages), oldest first, optionally filtered."""
 

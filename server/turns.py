@@ -8,6 +8,7 @@ relay keeps in memory only the turns run by drones connected to it (``live``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
@@ -54,6 +55,7 @@ from .store import Ending, SessionRecord, TurnRecord, TurnStore
 log = logging.getLogger("hangar.relay")
 
 TURN_ENDED_ALREADY = "The turn has already ended."
+NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
 QUEUE_LIMIT = 20
 """Turns one person may have waiting at once."""
 
@@ -209,25 +211,44 @@ class TurnLifecycle:
 
     async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
         """End every turn the drone runs now, without waiting for it."""
-        for turn_id in await self.live_state.running(drone_id):
-            await self.end_turn(turn_id, ending)
+        for turn in await self.store.processing_turns(drone_id=drone_id):
+            await self.end_turn(turn.turn_id, ending)
 
-    async def drone_joined(self, route: DroneRoute, claimed: list[str]) -> None:
-        """Register a drone; the turns it still runs (after a reconnect) stay its own."""
-        running = []
-        for turn_id in claimed:
-            turn = await self.store.get_turn(turn_id, messages=False)
-            if turn and turn.status == "processing" and turn.drone_id == route.drone_id:
-                running.append(turn_id)
-                self.reaper.forget(turn_id)
-        await self.directory.join(route, running)
+    async def drone_joined(self, route: DroneRoute, running: list[str]) -> list[str]:
+        """Register a drone and agree with it on what it runs (on every connect and reconnect).
+
+        Returns the turns the drone must abort: ones it runs that ended meanwhile (the relay
+        ended them while it was away or frozen) or whose abort was asked. A turn the store has
+        on it that it no longer runs (it restarted) ends now, unless its order may still be on
+        its way.
+        """
+        stored = {t.turn_id: t for t in await self.store.processing_turns(drone_id=route.drone_id)}
+        to_abort = [t for t in running if t not in stored or stored[t].abort_requested_by]
+        for turn_id in running:
+            self.reaper.forget(turn_id)
+        await self.directory.join(route)
+        recent = time.time() - DRONE_CALL_TIMEOUT
+        for turn in stored.values():
+            if turn.turn_id not in running and (turn.started_at or 0) < recent:
+                await self.end_turn(turn.turn_id, NO_LONGER_RUN)
+        if to_abort:
+            log.info("drone=%s is told to abort %d turns", route.drone_id, len(to_abort))
         self.dispatcher.wake()
+        return to_abort
+
+    async def abort_on_drone(self, route: DroneRoute, turn_ids: list[str]) -> None:
+        """Tell a drone to abort turns (after a reconnect: its zombies, and kept aborts)."""
+        for turn_id in turn_ids:
+            with contextlib.suppress(socketio.exceptions.SocketIOError):
+                await self.directory.call(
+                    ABORT_WORK_ORDER, AbortOrder(turn_id=turn_id).wire(), route
+                )
 
     async def drone_left(self, route: DroneRoute) -> None:
         """A drone's connection closed: its turns end unless it comes back in time."""
         if await self.directory.leave(route):
-            for turn_id in await self.live_state.running(route.drone_id):
-                self.reaper.watch_orphan(turn_id, route.drone_id)
+            for turn in await self.store.processing_turns(drone_id=route.drone_id):
+                self.reaper.watch_orphan(turn.turn_id, route.drone_id)
         await self.directory.broadcast()
 
     async def progress(
@@ -295,8 +316,6 @@ class TurnLifecycle:
         self.reaper.forget(turn_id)
         self.live.pop(turn_id, None)
         self.abort_asked_by.pop(turn_id, None)
-        if ended.drone_id:
-            await self.live_state.remove_running(ended.drone_id, turn_id)
         await self.live_state.forget_text(turn_id)
         # The abort ack and the completion are separate; the ack goes first.
         await self.live_state.wait_abort_answered(turn_id, DRONE_CALL_TIMEOUT)

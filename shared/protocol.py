@@ -197,6 +197,8 @@ class SessionView(Wire):
     title: str
     created_at: float
     processing_turn_id: str | None = None
+    queued_turns: int = 0
+    """How many of its turns wait in line."""
     owner_name: str | None = None
     """Whose session it is, when it is not the viewer's own (an admin's view)."""
 

@@ -385,6 +385,7 @@ async def redis_url() -> AsyncIterator[str]:
 class RelayProcess:
     url: str
     process: asyncio.subprocess.Process
+    database: str
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -398,13 +399,17 @@ async def relay_processes(
     started: list[RelayProcess] = []
 
     async def start(
-        abort_grace: float = 2.0, drone_grace: float = 1.0, port: int = 0, redis: bool = True
+        abort_grace: float = 2.0,
+        drone_grace: float = 1.0,
+        port: int = 0,
+        redis: bool = True,
+        database: str | None = None,
     ) -> RelayProcess:
         log = open(tmp_path / f"relay-{len(started)}.log", "w+b")  # noqa: SIM115, ASYNC230
         shared = ["--redis", redis_url] if redis else []
         process = await asyncio.create_subprocess_exec(
             *HANGAR, "serve", "--port", str(port),
-            "--database", postgres_url, *shared, "--drone-token", DRONE_TOKEN,
+            "--database", database or postgres_url, *shared, "--drone-token", DRONE_TOKEN,
             "--abort-grace", str(abort_grace), "--drone-grace", str(drone_grace),
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -417,7 +422,7 @@ async def relay_processes(
             return found.group(1).decode() if found else None
 
         url = await eventually(listening, timeout=20, what="the relay to listen")
-        relay = RelayProcess(url, process)
+        relay = RelayProcess(url, process, database or postgres_url)
         started.append(relay)
         return relay
 

@@ -8,6 +8,7 @@ import random
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,7 @@ import socketio
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
+from hangar.server.app import RelayConfig
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
@@ -98,18 +100,19 @@ async def test_a_browser_on_one_relay_aborts_a_drone_on_another(
 
 
 async def test_relays_listen_on_redis_from_the_start_before_any_client(
-    relay_processes: Start, redis_url: str
+    relay_processes: Start, redis_url: str, postgres_url: str
 ) -> None:
     import redis.asyncio as aioredis
 
     await relay_processes()
     await relay_processes()
     client = aioredis.Redis.from_url(redis_url)
+    channel = RelayConfig(database=postgres_url).deployment()
     try:
         # Otherwise a relay only listens once its first client connects, and acks aimed at
         # it from other relays are lost until then.
         async def listeners_at_least_two() -> int | None:
-            count = int((await client.pubsub_numsub("socketio"))[0][1])
+            count = int((await client.pubsub_numsub(channel))[0][1])
             return count if count >= 2 else None
 
         listeners = await eventually(
@@ -313,6 +316,18 @@ async def test_five_hundred_work_orders_with_random_aborts_each_end_exactly_once
 # ---- helpers
 
 
+async def theirs_token(database: str) -> str:
+    """An API token of a person of the deployment whose database is ``database`` (SQLite)."""
+    from hangar.server.sqlite_store import SqliteTurnStore
+
+    store = SqliteTurnStore(database)
+    await store.open()
+    try:
+        return await People(Accounts(store)).token("stranger")
+    finally:
+        await store.close()
+
+
 def browser_name(ending: dict[str, Any]) -> str:
     """A test person's name (``person-N``), as a turn ended on their abort names them."""
     name = str(ending.get("endedBy", ""))
@@ -491,3 +506,39 @@ async def test_a_queued_order_survives_a_relay_restart_and_runs(
         lambda: _ended(store, ack["turnId"]), timeout=20, what="the queued order to run"
     )
     assert (finished.status, finished.result) == ("finished", "Hello world")
+
+
+async def test_two_deployments_on_one_redis_do_not_hear_each_other(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
+    import redis.asyncio as aioredis
+
+    ours = await relay_processes()
+    drone_process(Upstream("openai", openai_peer), server=ours.url, name="ours")
+    await drones_seen_from(await open_browser(ours.url))
+    theirs_db = str(tmp_path / "theirs.db")
+    theirs = await relay_processes(database=theirs_db)
+    stranger = await Browser(theirs.url, await theirs_token(theirs_db)).connect()
+    try:
+        assert (await stranger.call("listDrones", {}))["drones"] == []
+        ack = await stranger.submit("Whose drone is this?")
+        place = await eventually(
+            lambda: [a for e, a in stranger.events if e == "turnQueued"], what="its place"
+        )
+        assert place[-1]["position"] == 1  # it waits: the other deployment's drone is not its
+    finally:
+        await stranger.close()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        channels = {RelayConfig(database=db).deployment() for db in (theirs_db, ours.database)}
+        assert len(channels) == 2
+        for channel in channels:
+            assert int((await client.pubsub_numsub(channel))[0][1]) == 1
+    finally:
+        await client.aclose()
+    assert ack["ok"] is True

@@ -1,0 +1,135 @@
+"""Bad packets straight on the wire (a raw websocket speaking engine.io's framing by hand): each
+gets an error ack or is dropped, never a traceback; a connection sending many is dropped; a
+client cannot pass its events off as a connection's start or end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.peers import OpenAIPeer, Reply
+from hangar.server.transport import MALFORMED, MAX_MALFORMED, RESERVED_NAME
+from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+class RawSocket:
+    """An engine.io websocket: sends socket.io packets as text frames, collects what comes."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.socket = socket
+        self.received: list[str] = []
+        self.closed = asyncio.Event()
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.socket:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                break
+            if message.data == "2":  # engine.io ping
+                await self.socket.send_str("3")
+            else:
+                self.received.append(message.data)
+        self.closed.set()
+
+    async def send(self, socket_io_packet: str) -> None:
+        await self.socket.send_str("4" + socket_io_packet)  # "4": an engine.io message
+
+    async def ack(self, namespace: str, ack_id: int) -> Any:
+        prefix = f"43{namespace},{ack_id}"
+        found = await eventually(
+            lambda: [m for m in self.received if m.startswith(prefix)], what=f"ack {ack_id}"
+        )
+        return json.loads(found[0][len(prefix) :])
+
+
+@pytest.fixture
+async def raw(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def open_socket(connect: str | None = None) -> RawSocket:
+        http = aiohttp.ClientSession()
+        sessions.append(http)
+        url = relay.url.replace("http", "ws") + "/socket.io/?EIO=4&transport=websocket"
+        raw_socket = RawSocket(await http.ws_connect(url))
+        await eventually(lambda: raw_socket.received, what="the engine.io handshake")
+        if connect is not None:
+            await raw_socket.send(connect)
+            await eventually(
+                lambda: any(m.startswith("4" + connect[:6]) for m in raw_socket.received[1:]),
+                what="the namespace's answer",
+            )
+        return raw_socket
+
+    yield open_socket
+    for http in sessions:
+        await http.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["[123,{}]", "not json", "[]", "{}", "[" + "9" * 4400 + "]", DEEP],
+    ids=["name-not-a-string", "not-json", "empty", "object", "huge-integer", "deep"],
+)
+async def test_a_malformed_event_gets_an_error_ack_and_no_traceback(
+    relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture, body: str
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    token = await relay.people.token()
+    socket: RawSocket = await raw(f'0/ide,{{"token":"{token}"}}')
+
+    await socket.send(f"2/ide,7{body}")
+
+    assert await socket.ack("/ide", 7) == [{"ok": False, "error": MALFORMED}]
+    await socket.send('2/ide,8["listSessions",{}]')
+    assert await socket.ack("/ide", 8) == [{"ok": True, "sessions": []}]
+    assert "Traceback" not in caplog.text
+
+
+async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
+    relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    socket: RawSocket = await raw()  # not even connected to a namespace
+
+    for index in range(MAX_MALFORMED * 5):
+        if socket.closed.is_set():
+            break
+        await socket.send(f"2/ide,{index}[{index},{{}}]")
+    await asyncio.wait_for(socket.closed.wait(), 5)
+
+    assert "Traceback" not in caplog.text
+    assert len([r for r in caplog.records if r.name.startswith("hangar")]) <= 3
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 0
+
+
+async def test_a_client_cannot_send_lifecycle_events(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    raw: Callable[..., Any],
+) -> None:
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(100)], delay=0.03))
+    await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Keep going")
+    await browser.wait_text(ack["turnId"], pieces=1)
+    hello = json.dumps(drone_hello("ghost-1"))
+    drone: RawSocket = await raw(f"0/drone,{hello}")
+    assert "ghost-1" in relay.relay.directory.local
+
+    await drone.send('2/drone,1["disconnect"]')
+    await drone.send('2/drone,2["connect",{"droneId":"ghost-2"}]')
+
+    assert await drone.ack("/drone", 1) == [{"ok": False, "error": RESERVED_NAME}]
+    assert await drone.ack("/drone", 2) == [{"ok": False, "error": RESERVED_NAME}]
+    assert "ghost-1" in relay.relay.directory.local  # still connected, not "gone"
+    assert "ghost-2" not in relay.relay.directory.local
+    assert (await browser.completion(ack["turnId"], timeout=10))[1] is True
