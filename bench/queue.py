@@ -10,7 +10,8 @@ orders two relays put through four drones.
    submit to its model request; every order must end once and reach the model once.
 
 Needs PostgreSQL and Redis for part 2 (``HANGAR_BENCH_POSTGRES``, an admin URL: the benchmark
-creates and drops a database of its own; ``HANGAR_BENCH_REDIS``: a database number it may empty).
+creates and drops a database of its own; ``HANGAR_BENCH_REDIS``: a Redis it shares with others:
+the relays' keys start with their deployment's prefix, and only those are deleted afterwards).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from hangar.server.app import RelayConfig
 
 from .common import (
     Browser,
@@ -82,7 +85,7 @@ async def through_two_relays(args: argparse.Namespace, workdir: Path) -> str:
     await admin.execute(f'CREATE DATABASE "{name}"')
     database = POSTGRES.rsplit("/", 1)[0] + "/" + name
     cache = aioredis.Redis.from_url(REDIS)
-    await cache.flushdb()
+    prefix = RelayConfig(database=database).deployment()
     stack = Stack(workdir / "relays")
     try:
         a, _ = await stack.relay("relay-a", database, REDIS)
@@ -138,7 +141,8 @@ async def through_two_relays(args: argparse.Namespace, workdir: Path) -> str:
         return table(headers, rows)
     finally:
         stack.stop()
-        await cache.flushdb()
+        async for key in cache.scan_iter(match=prefix + "*"):
+            await cache.delete(key)
         await cache.aclose()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()

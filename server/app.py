@@ -19,6 +19,7 @@ from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
 
 from .access import Access, follow_revocations
 from .browsers import IdeNamespace
+from .channel import RedisChannel
 from .drones import DroneNamespace
 from .live_state import LiveState, LocalLiveState
 from .relay import Relay
@@ -86,11 +87,7 @@ def open_live_state(redis: str | None, prefix: str) -> LiveState:
 
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
-    manager = (
-        socketio.AsyncRedisManager(config.redis, channel=config.deployment())
-        if config.redis
-        else None
-    )
+    manager = RedisChannel(config.redis, config.deployment()) if config.redis else None
     store = store or open_store(config.database)
     relay_access: list[Access] = []
     sio = RelayServer(
@@ -138,6 +135,11 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
             await revocations
         await relay.close()
         await relay.store.close()
+        if manager is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await manager.flush()
+            await manager.close()
 
     app.cleanup_ctx.append(lifecycle)
     # On shutdown, before aiohttp waits for requests in flight (a pending long-poll among them).

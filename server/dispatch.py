@@ -43,6 +43,8 @@ COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
 """Queue places go out at most this often (a burst of submits or ends moves many at once)."""
+ANNOUNCE_RATE = 2000.0
+"""Place changes sent per second at most: a long line refreshes less often than a short one."""
 
 
 class Endings(Protocol):
@@ -65,21 +67,29 @@ class Dispatcher:
         self.background = background
         self.endings: Endings | None = None
         self._lock = asyncio.Lock()
+        self._woken = False
         self._cooling: dict[str, float] = {}
         self._refusals: Counter[str] = Counter()
         self._announced: dict[str, Place] = {}
         self._announce_pending = False
+        self._announce_wanted = False
 
     def start(self, endings: Endings) -> None:
         self.endings = endings
 
     def wake(self) -> None:
-        """Dispatch soon, in a task of its own (a turn ended, a drone came, time passed)."""
-        self.background.spawn(self.dispatch())
+        """Dispatch soon, in a task of its own (a turn ended, a drone came, time passed).
+
+        Wakes that come while one waits are one: its claim serves them all.
+        """
+        if not self._woken:
+            self._woken = True
+            self.background.spawn(self.dispatch())
 
     async def dispatch(self) -> None:
         """Start every queued turn a drone can take now; their orders go out in the background."""
         async with self._lock:
+            self._woken = False  # a wake from now on needs a claim after this one
             capacity = await self._capacity()
             claimed = await self.store.claim_queued(capacity) if capacity else []
             for turn in claimed:
@@ -148,15 +158,28 @@ class Dispatcher:
 
     def announce(self) -> None:
         """Send queued turns' new places, at most every ``ANNOUNCE_EVERY``."""
+        self._announce_wanted = True
         if not self._announce_pending:
             self._announce_pending = True
             self.background.later(ANNOUNCE_EVERY, self._announce)
 
     async def _announce(self) -> None:
-        self._announce_pending = False
+        """Each relay tells its own browsers (a place moved by another relay's claim reaches
+        them with this relay's next dispatch, within a second), so places never cross Redis."""
+        self._announce_wanted = False
+        try:
+            await self._send_places()
+        finally:
+            self._announce_pending = False
+            if self._announce_wanted:
+                self.announce()
+
+    async def _send_places(self) -> None:
         found = places(await queue.queue_order(self.store))
-        current = {place.turn_id: place for place in found}
-        for place in found:
+        watched = {p.session_id for p in found if self.rooms.watched_here(p.session_id)}
+        current = {place.turn_id: place for place in found if place.session_id in watched}
+        sent = 0
+        for place in current.values():
             if self._announced.get(place.turn_id) != place:
                 event = TurnQueued(
                     turn_id=place.turn_id,
@@ -164,8 +187,10 @@ class Dispatcher:
                     position=place.position,
                     drone_id=place.drone_id,
                 )
-                await self.rooms.to_session(place.session_id, TURN_QUEUED, event.wire())
+                await self.rooms.to_session_here(place.session_id, TURN_QUEUED, event.wire())
+                sent += 1
         self._announced = current
+        await asyncio.sleep(max(0.0, sent / ANNOUNCE_RATE - ANNOUNCE_EVERY))
 
     async def place(self, turn_id: str) -> Place | None:
         """Where a queued turn stands now (for a snapshot)."""

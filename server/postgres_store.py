@@ -150,13 +150,11 @@ class PostgresTurnStore:
                 return []
             running = {row[0]: row[1] for row in await db.fetch(RUNNING_PER_DRONE)}
             now = time.time()
-            rows = {row["turn_id"]: row for row in queue}
             claimed = []
             for turn_id, drone in choose(queue, capacity, running):
-                if await db.execute(_numbered(CLAIM), drone, now, turn_id) == "UPDATE 1":
-                    turn = TurnRecord.of(rows[turn_id])
-                    turn.status, turn.drone_id, turn.started_at = "processing", drone, now
-                    claimed.append(turn)
+                row = await db.fetchrow(_numbered(CLAIM), drone, now, turn_id)
+                if row is not None:
+                    claimed.append(TurnRecord.of(dict(row)))
             return claimed
 
     async def _with_messages(self, rows: list[Any]) -> list[TurnRecord]:

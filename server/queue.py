@@ -22,7 +22,7 @@ from .store import Database
 
 QUEUE_ORDER = """
     WITH queued AS (
-        SELECT turns.*,
+        SELECT turn_id, session_id, owner, wanted_drone, created_at,
             ROW_NUMBER() OVER (PARTITION BY owner ORDER BY created_at, turn_id) AS owner_rank,
             ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY created_at, turn_id) AS session_rank
         FROM turns WHERE status = 'queued'
@@ -31,7 +31,8 @@ QUEUE_ORDER = """
         SELECT owner, max(started_at) AS served_at FROM turns
         WHERE started_at IS NOT NULL AND owner IN (SELECT owner FROM queued) GROUP BY owner
     )
-    SELECT queued.*, CASE WHEN session_rank = 1 AND NOT EXISTS (
+    SELECT queued.turn_id, queued.session_id, queued.owner, queued.wanted_drone,
+        CASE WHEN session_rank = 1 AND NOT EXISTS (
             SELECT 1 FROM turns running
             WHERE running.session_id = queued.session_id AND running.status = 'processing'
         ) THEN 1 ELSE 0 END AS ready
@@ -47,7 +48,7 @@ RUNNING_PER_DRONE = """
 
 CLAIM = """
     UPDATE turns SET status = 'processing', drone_id = ?, started_at = ?
-    WHERE turn_id = ? AND status = 'queued'
+    WHERE turn_id = ? AND status = 'queued' RETURNING *
 """
 
 
@@ -147,3 +148,14 @@ async def requeue(db: Database, turn_id: str) -> bool:
 async def running_counts(db: Database) -> dict[str, int]:
     """How many turns each drone runs, by the store."""
     return {row["drone_id"]: int(row["running"]) for row in await db.fetch(RUNNING_PER_DRONE)}
+
+
+async def queued_per_session(db: Database, owner: str | None) -> dict[str, int]:
+    """How many turns wait in each of the owner's sessions (everyone's for None)."""
+    rows = await db.fetch(
+        "SELECT session_id, count(*) AS waiting FROM turns WHERE status = 'queued'"
+        " AND (CAST(? AS TEXT) IS NULL OR owner = ?) GROUP BY session_id",
+        owner,
+        owner,
+    )
+    return {row["session_id"]: int(row["waiting"]) for row in rows}

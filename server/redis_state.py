@@ -26,14 +26,21 @@ HEARTBEAT = 2.0
 ABORT_TTL = 60
 CALL_TIMEOUT = 2.0
 """Seconds a Redis call may take before it fails (a stalled Redis must not stall the relay)."""
+POOL_SIZE = 32
 FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
 class RedisLiveState:
     def __init__(self, url: str, prefix: str) -> None:
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_timeout=CALL_TIMEOUT, socket_connect_timeout=CALL_TIMEOUT
+        # Calls beyond the pool's connections wait for one (redis-py's default pool fails them).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_SIZE,
+            timeout=CALL_TIMEOUT,
+            socket_timeout=CALL_TIMEOUT,
+            socket_connect_timeout=CALL_TIMEOUT,
         )
+        self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self.prefix = prefix
         self.local: dict[str, DroneRoute] = {}
         self._heartbeat: asyncio.Task[None] | None = None

@@ -6,7 +6,6 @@ A session's room gets its turns' events; an owner's room gets the person's sessi
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import socketio
@@ -42,6 +41,17 @@ class Rooms:
     async def to_session(self, session_id: str, event: str, data: Any) -> None:
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
 
+    def watched_here(self, session_id: str) -> bool:
+        """Whether a browser connected to this relay has the session open."""
+        room = session_room(session_id)
+        return any(True for _ in self.sio.manager.get_participants(IDE_NAMESPACE, room))
+
+    async def to_session_here(self, session_id: str, event: str, data: Any) -> None:
+        """Send to the session's browsers on this relay only (each relay tells its own)."""
+        await self.sio.emit(
+            event, data, room=session_room(session_id), namespace=IDE_NAMESPACE, ignore_queue=True
+        )
+
     async def send_sessions(self, owner: str) -> None:
         """Send the person's session list to every connection of theirs."""
         await self.sio.emit(
@@ -63,9 +73,11 @@ class Rooms:
         only = next(iter(owners)) if len(owners) == 1 else None
         processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(only)}
         names = await self.accounts.names(owners - {viewer_id})
-        waiting = Counter(row["session_id"] for row in await queue.queue_order(self.store))
+        waiting = await queue.queued_per_session(self.store, only)
         return [
-            s.view(processing.get(s.session_id), names.get(s.owner), waiting[s.session_id]).wire()
+            s.view(
+                processing.get(s.session_id), names.get(s.owner), waiting.get(s.session_id, 0)
+            ).wire()
             for s in sessions
         ]
 

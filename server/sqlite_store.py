@@ -193,20 +193,14 @@ class SqliteTurnStore:
                 return []
             running = {row[0]: row[1] for row in conn.execute(RUNNING_PER_DRONE)}
             now = time.time()
-            rows = {row["turn_id"]: row for row in queue}
             claimed = []
             for turn_id, drone in choose(queue, capacity, running):
-                if conn.execute(CLAIM, (drone, now, turn_id)).rowcount == 1:
-                    claimed.append(_claimed(rows[turn_id], drone, now))
+                row = conn.execute(CLAIM, (drone, now, turn_id)).fetchone()
+                if row is not None:
+                    claimed.append(TurnRecord.of(dict(row)))
             return claimed
 
         return await self._write(claim)
-
-
-def _claimed(row: dict[str, Any], drone: str, at: float) -> TurnRecord:
-    turn = TurnRecord.of(row)
-    turn.status, turn.drone_id, turn.started_at = "processing", drone, at
-    return turn
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

@@ -133,7 +133,7 @@ class TurnLifecycle:
         if request.mode == "interrupt":
             for running in await self.store.processing_turns(session_id=session.session_id):
                 await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
-        await self.dispatcher.dispatch()
+        self.dispatcher.wake()
         return {"ok": True, "turnId": turn.turn_id, "sessionId": session.session_id}
 
     async def abort(self, viewer: User, request: AbortWorkOrderRequest) -> tuple[bool, str]:
