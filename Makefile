@@ -42,14 +42,18 @@ $(TYPECHECK):
 	mkdir -p $@
 	for part in shared server drone; do ln -sfn ../../../$$part $@/$$part; done
 
-# Browser tests drive Debian's Chromium; install it where we can (root with apt-get).
+# Browser tests drive Debian's Chromium, and shell commands run in Debian's bubblewrap sandbox;
+# install what is missing where we can (root with apt-get).
 browser:
-	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	@missing=""; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-		|| echo "WARNING: could not install chromium; browser tests will skip (and fail in CI)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+		|| echo "WARNING: could not install$$missing; their tests will skip (and fail in CI)"; \
 	else \
-		echo "WARNING: /usr/bin/chromium missing and cannot be installed here; browser tests will skip"; \
+		echo "WARNING:$$missing missing and cannot be installed here; their tests will skip"; \
 	fi
 
 clean:

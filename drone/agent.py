@@ -13,20 +13,23 @@ at once; what must be kept is kept outside any scope, so it is never interrupted
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hangar.shared.abort import AbortError, AbortSignal
-from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall, Usage
+from hangar.shared.abort import AbortController, AbortError, AbortSignal, linked_controller
+from hangar.shared.protocol import STALLED, TOOL_CANCELLED, ChatMessage, ToolCall, Usage
 
 from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec, UsageReport
 
 log = logging.getLogger("hangar.agent")
 
 MAX_STEPS = 25
+STALL = 120.0
+"""Seconds a model stream may go without sending anything before it is given up."""
 
 
 class Report(Protocol):
@@ -52,6 +55,25 @@ class ToolRunner(Protocol):
 
     async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
         """Run one tool call; raise ``AbortError`` if the signal cut it short."""
+
+
+class Gate(Protocol):
+    """Whether a tool call may run: None to run it, else the result the model gets instead (a
+    person declined it, the drone's policy refuses it). May wait for a person; raises
+    ``AbortError`` if the work order is aborted meanwhile."""
+
+    async def verdict(
+        self, call: ToolCall, signal: AbortSignal, report: Report, depth: int
+    ) -> str | None: ...
+
+
+class Open:
+    """Every call runs."""
+
+    async def verdict(
+        self, call: ToolCall, signal: AbortSignal, report: Report, depth: int
+    ) -> str | None:
+        return None
 
 
 class NoTools:
@@ -101,6 +123,10 @@ class Agent:
     tally: Tally = field(default_factory=Tally)
     step_signal: AbortSignal | None = None
     """Fired for "stop after this step"."""
+    stall: float | None = STALL
+    """Seconds without a chunk after which a model stream is closed and the turn fails."""
+    gate: Gate = field(default_factory=Open)
+    """What each tool call passes before it runs (approvals, the drone's policy)."""
 
     async def run(self, messages: list[ChatMessage], signal: AbortSignal) -> str:
         """Run to a final answer and return it; ``messages`` grows with everything kept."""
@@ -138,24 +164,32 @@ class Agent:
         (what streamed before an abort stays in them); the tokens it used are tallied."""
         counted = False
         try:
-            async with signal.scope() as scope:
-                options = ChatOptions(self.provider.model, scope.signal)
-                stream = self.provider.chat(messages, self.tools.specs, options)
-                async with aclosing(stream) as events:
-                    async for event in events:
-                        if isinstance(event, TextChunk):
-                            text.append(event.text)
-                            await self.report.text(event.text, self.depth)
-                        elif isinstance(event, ToolCallRequest):
-                            calls.append(
-                                ToolCall(id=event.id, name=event.name, arguments=event.arguments)
-                            )
-                        else:
-                            self.tally.counted(event)
-                            counted = True
+            with linked_controller(signal) as call, _StallWatch(call, self.stall) as watch:
+                async with call.signal.scope() as scope:
+                    options = ChatOptions(self.provider.model, scope.signal)
+                    stream = self.provider.chat(messages, self.tools.specs, options)
+                    async with aclosing(stream) as events:
+                        async for event in events:
+                            watch.heard()
+                            await self._take(event, text, calls)
+                            counted = counted or isinstance(event, UsageReport)
         finally:
             if not counted:
                 self.tally.estimate(messages, len(text) + len(calls))
+
+    async def _take(
+        self,
+        event: TextChunk | ToolCallRequest | UsageReport,
+        text: list[str],
+        calls: list[ToolCall],
+    ) -> None:
+        if isinstance(event, TextChunk):
+            text.append(event.text)
+            await self.report.text(event.text, self.depth)
+        elif isinstance(event, ToolCallRequest):
+            calls.append(ToolCall(id=event.id, name=event.name, arguments=event.arguments))
+        else:
+            self.tally.counted(event)
 
     async def _run_tools(
         self,
@@ -167,24 +201,36 @@ class Agent:
             if signal.aborted:
                 await self._cancel(calls[index:], keep)
                 signal.throw_if_aborted()
-            await self.report.tool(call, "start", self.depth)
             try:
-                result = await self.tools.run(call, signal, self.depth)
+                result = await self._run_tool(call, signal)
             except AbortError:
                 await self._cancel(calls[index:], keep)
                 raise
-            except Exception as error:  # a failing tool is the model's problem, not the turn's
-                log.info("tool %s failed: %s", call.name, error)
-                result = f"Error: {error}"
-                await self.report.tool(call, "error", self.depth, result)
-            else:
-                await self.report.tool(call, "end", self.depth, result)
             await keep(
                 ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
             )
             if self._asked_to_stop() and index + 1 < len(calls):
                 await self._cancel(calls[index + 1 :], keep)
                 self._stop_if_asked()
+
+    async def _run_tool(self, call: ToolCall, signal: AbortSignal) -> str:
+        """One call through the gate, reported as it goes: its result, or why it did not run."""
+        verdict = await self.gate.verdict(call, signal, self.report, self.depth)
+        if verdict is not None:
+            await self.report.tool(call, "declined", self.depth, verdict)
+            return verdict
+        await self.report.tool(call, "start", self.depth)
+        try:
+            result = await self.tools.run(call, signal, self.depth)
+        except AbortError:
+            raise
+        except Exception as error:  # a failing tool is the model's problem, not the turn's
+            log.info("tool %s failed: %s", call.name, error)
+            result = f"Error: {error}"
+            await self.report.tool(call, "error", self.depth, result)
+        else:
+            await self.report.tool(call, "end", self.depth, result)
+        return result
 
     async def _cancel(
         self, calls: list[ToolCall], keep: Callable[[ChatMessage], Awaitable[None]]
@@ -212,3 +258,38 @@ class Agent:
                 await self.report.message(message)
 
         return keep
+
+
+class _StallWatch:
+    """Aborts a model call (``cause="stall"``) once its stream has sent nothing for
+    ``seconds``: one timer per call, moved on only when it comes due, not per chunk."""
+
+    def __init__(self, call: AbortController, seconds: float | None) -> None:
+        self.call = call
+        self.seconds = seconds
+        self.last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def heard(self) -> None:
+        self.last = asyncio.get_running_loop().time()
+
+    def __enter__(self) -> _StallWatch:
+        if self.seconds is not None:
+            self.heard()
+            self._timer = asyncio.get_running_loop().call_later(self.seconds, self._due)
+        return self
+
+    def _due(self) -> None:
+        assert self.seconds is not None
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - self.last
+        if quiet >= self.seconds:
+            self._timer = None
+            self.call.abort(AbortError(STALLED, cause="stall"))
+        else:
+            self._timer = loop.call_later(self.seconds - quiet, self._due)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

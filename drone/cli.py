@@ -9,13 +9,58 @@ import sys
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import add_log_level
+from hangar.shared.cli import add_log_level, add_setting, directory, seconds, url, whole_number
 from hangar.shared.protocol import drone_name_of
 
+from .tools.policy import ToolPolicy
 from .worker import DEFAULT_MODELS, PROVIDERS, DroneConfig, run_drone
 
 OPERATOR_STOP = "The drone's operator stopped it."
 SHUT_DOWN = "The drone was shut down."
+MAX_CONCURRENCY = 1024
+"""As many work orders as a drone may say it runs at once (``DroneRecord``)."""
+
+http_url = url("http", "https")
+
+
+def tool_policy(text: str) -> ToolPolicy:
+    try:
+        return ToolPolicy.parse(text)
+    except ValueError as error:
+        raise ValueError(f"{error}.") from None
+
+
+def yes_no(text: str) -> bool:
+    answer = text.strip().lower()
+    if answer in ("yes", "true", "1", "on"):
+        return True
+    if answer in ("no", "false", "0", "off"):
+        return False
+    raise ValueError(f"expected yes or no, got {text!r}.")
+
+
+def relay_urls(text: str) -> str:
+    """One relay URL, or several separated by commas."""
+    urls = [part.strip() for part in text.split(",")]
+    for part in urls:
+        try:
+            http_url(part)
+        except ValueError:
+            raise ValueError(
+                f"expected relay URLs starting with http:// or https://, separated by commas, "
+                f"got {part!r}."
+            ) from None
+    return ",".join(urls)
+
+
+def ollama_host(text: str) -> str:
+    """As Ollama itself reads ``OLLAMA_HOST``: a URL, or a bare ``host[:port]`` over http."""
+    try:
+        return http_url(text if "://" in text else f"http://{text}")
+    except ValueError:
+        raise ValueError(
+            f"expected a URL starting with http:// or https://, or host:port, got {text!r}."
+        ) from None
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,66 +71,139 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     add_log_level(parser)
-    parser.add_argument(
+    add_setting(
+        parser,
         "--server",
-        default=env("HANGAR_SERVER", "http://127.0.0.1:8080"),
+        env="HANGAR_SERVER",
+        default="http://127.0.0.1:8080",
+        check=relay_urls,
         help="relay URL, or several separated by commas, tried in turn on reconnect "
         "(HANGAR_SERVER; default %(default)s)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--token",
-        default=env("HANGAR_DRONE_TOKEN", ""),
+        env="HANGAR_DRONE_TOKEN",
+        default="",
         help="the relay's drone token (HANGAR_DRONE_TOKEN)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--name",
-        default=env("HANGAR_DRONE_NAME", ""),
+        env="HANGAR_DRONE_NAME",
+        default="",
         help="name shown to people (HANGAR_DRONE_NAME; default: the drone token's name, else "
         "the host name)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--provider",
-        default=env("HANGAR_PROVIDER", "openai"),
+        env="HANGAR_PROVIDER",
+        default="openai",
         help="openai or ollama (HANGAR_PROVIDER; default %(default)s)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--model",
-        default=env("HANGAR_MODEL", ""),
+        env="HANGAR_MODEL",
+        default="",
         help="model name (HANGAR_MODEL; default gpt-4o-mini for openai, llama3.2 for ollama)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--base-url",
-        default=env("HANGAR_BASE_URL") or env("OPENAI_BASE_URL"),
+        env=("HANGAR_BASE_URL", "OPENAI_BASE_URL"),
+        default=None,
+        check=http_url,
         help="OpenAI-compatible API base URL (HANGAR_BASE_URL or OPENAI_BASE_URL)",
     )
-    parser.add_argument(
-        "--api-key", default=env("OPENAI_API_KEY"), help="OpenAI API key (OPENAI_API_KEY)"
+    add_setting(
+        parser,
+        "--api-key",
+        env="OPENAI_API_KEY",
+        default=None,
+        help="OpenAI API key (OPENAI_API_KEY)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--ollama-host",
-        default=env("OLLAMA_HOST"),
+        env="OLLAMA_HOST",
+        default=None,
+        check=ollama_host,
         help="Ollama server URL (OLLAMA_HOST; default http://127.0.0.1:11434)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--concurrency",
-        type=int,
-        default=env("HANGAR_CONCURRENCY", "1"),
+        env="HANGAR_CONCURRENCY",
+        default="1",
+        check=whole_number(1, MAX_CONCURRENCY),
         help="work orders run at once (HANGAR_CONCURRENCY; default %(default)s)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--workdir",
-        default=env("HANGAR_WORKDIR", "."),
-        help="the only directory the drone's tools may touch (HANGAR_WORKDIR; default: the "
-        "current directory)",
+        env="HANGAR_WORKDIR",
+        default=".",
+        check=directory,
+        help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
+        "default: the current directory)",
     )
-    parser.add_argument(
+    add_setting(
+        parser,
         "--deadline",
-        type=float,
-        default=env("HANGAR_DEADLINE", "1800"),
+        env="HANGAR_DEADLINE",
+        default="1800",
+        check=seconds,
         help="seconds a work order may run before it ends in error (HANGAR_DEADLINE; "
         "default %(default)s; 0 for none)",
+    )
+    add_setting(
+        parser,
+        "--tools",
+        env="HANGAR_TOOLS",
+        default="",
+        check=tool_policy,
+        help="which tools run at once (allow), wait for a person's approval (ask) or are "
+        "refused (deny), e.g. run_shell=ask,fetch_url=deny or all=allow (HANGAR_TOOLS; default "
+        f"{ToolPolicy().describe()}; run_shell always asks where there is no sandbox)",
+    )
+    add_setting(
+        parser,
+        "--approval-timeout",
+        env="HANGAR_APPROVAL_TIMEOUT",
+        default="600",
+        check=seconds,
+        help="seconds a tool call waits for a person before it counts as declined "
+        "(HANGAR_APPROVAL_TIMEOUT; default %(default)s)",
+    )
+    add_setting(
+        parser,
+        "--shell-network",
+        env="HANGAR_SHELL_NETWORK",
+        default="no",
+        check=yes_no,
+        help="whether sandboxed shell commands may use the network: yes or no "
+        "(HANGAR_SHELL_NETWORK; default %(default)s)",
+    )
+    add_setting(
+        parser,
+        "--private-urls",
+        env="HANGAR_PRIVATE_URLS",
+        default="no",
+        check=yes_no,
+        help="whether fetch_url may reach private, loopback and link-local addresses: yes or no "
+        "(HANGAR_PRIVATE_URLS; default %(default)s)",
+    )
+    add_setting(
+        parser,
+        "--stall",
+        env="HANGAR_STALL",
+        default="120",
+        check=seconds,
+        help="seconds a model stream may send nothing before it is closed and the work order "
+        "ends in error (HANGAR_STALL; default %(default)s; 0 for none)",
     )
 
 
@@ -101,7 +219,12 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
         ollama_host=args.ollama_host,
         concurrency=args.concurrency,
         deadline=args.deadline or None,
+        stall=args.stall or None,
         workdir=args.workdir,
+        tools=args.tools,
+        approval_timeout=args.approval_timeout,
+        shell_network=args.shell_network,
+        allow_private_urls=args.private_urls,
     )
 
 

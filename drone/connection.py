@@ -1,15 +1,16 @@
 """The drone's connection to its relays: socket.io client, reconnecting, never losing an ending.
 
-Progress text sent while the relay is unreachable is dropped (it is display only); the messages
-to persist and every ``workOrderComplete`` wait in an outbox and go out, in order, on reconnect.
+Progress sent while no relay is reachable is dropped (it is display only; a turn's text goes
+again, whole, on every reconnect). Each turn's finished messages and its ``workOrderComplete``
+are delivered in order and kept until the relay confirms them (``delivery``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
-from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Literal, Protocol
 
@@ -18,23 +19,30 @@ from pydantic import ValidationError
 
 from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
+    APPROVE_TOOL_CALL,
     DISMISSED,
     DRONE_NAMESPACE,
     WORK_ORDER,
     WORK_ORDER_COMPLETE,
+    WORK_ORDER_PROGRESS,
     AbortOrder,
     DroneHello,
     DroneRecord,
     Ending,
+    ToolActivity,
+    ToolApproval,
+    ToolCall,
     WorkOrder,
     describe,
 )
 
+from .delivery import CONFIRM_TIMEOUT, Deliveries
 from .report import TurnReport
 
 log = logging.getLogger("hangar.drone")
 
-CONFIRM_TIMEOUT = 10.0
+SETTLE_ON_CLOSE = 5.0
+"""Seconds a closing drone waits for the relay to confirm the endings it still holds."""
 REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)
 """Seconds between attempts to reach a relay again after one dropped this drone."""
 
@@ -54,6 +62,10 @@ class WorkOrders(Protocol):
 
     def running_ids(self) -> list[str]: ...
 
+    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None: ...
+
+    def waiting_calls(self) -> list[tuple[str, ToolCall, int]]: ...
+
 
 class RelayConnection:
     def __init__(self, urls: str | list[str], record: DroneRecord, token: str) -> None:
@@ -72,7 +84,7 @@ class RelayConnection:
             randomization_factor=0.3,
         )
         self.orders: WorkOrders | None = None
-        self.outbox: deque[tuple[str, Any]] = deque()
+        self.deliveries = Deliveries(self)
         self.refusal: str | None = None
         self.refused = asyncio.Event()
         self.connected = asyncio.Event()
@@ -109,8 +121,17 @@ class RelayConnection:
                 return False, describe(error)
             return orders.abort(request.turn_id, request.mode)
 
+        async def on_approve_tool_call(data: Any = None) -> dict[str, Any]:
+            try:
+                answer = ToolApproval.model_validate(data)
+            except ValidationError as error:
+                return {"ok": False, "error": describe(error)}
+            refusal = orders.decide(answer.turn_id, answer.call_id, answer.approve, answer.always)
+            return {"ok": True} if refusal is None else {"ok": False, "error": refusal}
+
         self.sio.on(WORK_ORDER, on_work_order, namespace=DRONE_NAMESPACE)
         self.sio.on(ABORT_WORK_ORDER, on_abort_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on(APPROVE_TOOL_CALL, on_approve_tool_call, namespace=DRONE_NAMESPACE)
 
     # ---- outlet for the agent service
 
@@ -125,17 +146,15 @@ class RelayConnection:
         task.add_done_callback(self._tasks.discard)
 
     async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
-        """Report the end of a turn and wait until the relay has it (or keep it for later)."""
+        """Report the end of a turn: it goes after the turn's messages, and is kept until the
+        relay confirms it."""
         if (report := self.reports.pop(turn_id, None)) is not None:
             await report.flush()
-        data = (turn_id, success, message, ending.wire())
-        if self.connected.is_set() and not self.outbox:
-            try:
-                await self.call(WORK_ORDER_COMPLETE, data)
-                return
-            except (socketio.exceptions.SocketIOError, ConnectionError, TimeoutError):
-                pass
-        self.outbox.append((WORK_ORDER_COMPLETE, data))
+        self.deliver(turn_id, WORK_ORDER_COMPLETE, (turn_id, success, message, ending.wire()))
+
+    def deliver(self, turn_id: str, event: str, data: Any) -> None:
+        """Send ``event`` after the turn's earlier deliveries, until the relay confirms it."""
+        self.deliveries.put(turn_id, event, data)
 
     async def call(self, event: str, data: Any, within: float = CONFIRM_TIMEOUT) -> Any:
         """Send ``event`` and return the relay's answer; raise ``ConnectionError`` as soon as
@@ -155,21 +174,19 @@ class RelayConnection:
             self._calls.discard(answered)
         return args[0] if len(args) == 1 else args
 
-    async def send(self, event: str, data: Any, *, durable: bool) -> None:
-        if self.connected.is_set() and not self.outbox:
-            try:
+    async def post(self, event: str, data: Any) -> None:
+        """Send ``event`` if connected, with no ack; dropped otherwise (it is display only)."""
+        if self.connected.is_set():
+            with contextlib.suppress(socketio.exceptions.SocketIOError):
                 await self.sio.emit(event, data, namespace=DRONE_NAMESPACE)
-                return
-            except socketio.exceptions.SocketIOError:
-                pass
-        if durable:
-            self.outbox.append((event, data))
 
     # ---- connection
 
     def hello(self) -> dict[str, Any]:
-        """The ``auth`` sent at every (re)connect, with the turns still running here."""
+        """The ``auth`` sent at every (re)connect, with the turns still running here (or whose
+        ending the relay has yet to confirm)."""
         running = self.orders.running_ids() if self.orders is not None else []
+        running += [t for t in self.deliveries.turns() if t not in running]
         hello = DroneHello(
             **self.record.model_dump(), token=self.token, instance=self.instance, running=running
         )
@@ -211,19 +228,36 @@ class RelayConnection:
         return self.refusal or ""
 
     async def close(self) -> None:
+        """Wait briefly for the relay to confirm what it has yet to, then disconnect."""
+        if self.connected.is_set() and not await self.deliveries.settle(SETTLE_ON_CLOSE):
+            log.warning("closing with %d turns' endings unconfirmed", len(self.deliveries.turns()))
         self._closing = True
+        self.deliveries.close()
         await self.sio.disconnect()
 
     async def _on_connect(self) -> None:
         self.refusal = None
         log.info("connected to relay %s as %s", self.url, self.record.drone_id)
-        while self.outbox:
-            event, data = self.outbox[0]
+        # The relay may have lost what streamed while this drone was away (a restart, another
+        # relay): each running turn's text goes again, whole, before anything else of the turn;
+        # the relay keeps what it lacks.
+        again = [payload for report in self.reports.values() for payload in report.text_so_far()]
+        # So do the tool calls waiting for a person (the relay shows them on every page).
+        for turn_id, call, depth in self.orders.waiting_calls() if self.orders else []:
+            waiting = ToolActivity(
+                turn_id=turn_id,
+                call_id=call.id,
+                name=call.name,
+                state="waiting",
+                arguments=call.arguments,
+                depth=depth,
+            )
+            again.append(waiting.wire())
+        for payload in again:
             try:
-                await self.sio.emit(event, data, namespace=DRONE_NAMESPACE)
+                await self.sio.emit(WORK_ORDER_PROGRESS, payload, namespace=DRONE_NAMESPACE)
             except socketio.exceptions.SocketIOError:
-                return
-            self.outbox.popleft()
+                return  # the connection dropped again; the next connect sends it
         self.connected.set()
 
     async def _on_disconnect(self, *reason: Any) -> None:
@@ -231,7 +265,7 @@ class RelayConnection:
         for answer in self._calls:
             if not answer.done():
                 answer.set_exception(ConnectionError("The connection to the relay dropped."))
-        log.warning("disconnected from relay %s", self.url)
+        (log.info if self._closing else log.warning)("disconnected from relay %s", self.url)
         # python-socketio reconnects by itself after a lost connection, not after the relay
         # dropped this drone: then it is up to the drone (unless the relay said why, for good).
         if reason and reason[0] == self.sio.reason.SERVER_DISCONNECT and not self._closing:
@@ -250,11 +284,13 @@ class RelayConnection:
             while not (self._closing or self.refused.is_set() or self.sio.connected):
                 await asyncio.sleep(REJOIN_DELAYS[min(attempt, len(REJOIN_DELAYS) - 1)])
                 attempt += 1
+                if self.sio.eio.state != "disconnected":
+                    continue  # the dropped connection is still being torn down
                 try:
                     await self.connect()
                 except DroneRefusedError as error:
                     self._refuse(str(error))
-                except ConnectionError:
+                except (ConnectionError, ValueError):  # ValueError: a connect already under way
                     log.info("relay still unreachable; trying again")
         finally:
             self._rejoining = False

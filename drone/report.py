@@ -18,6 +18,8 @@ from hangar.shared.protocol import (
 TEXT_BATCH = 0.025
 """Text arriving within this many seconds of the last text sent goes out as one delta."""
 TEXT_BATCH_CHARS = 65_536
+RESEND_CHARS = 500_000
+"""A turn's text sent again after a reconnect goes in pieces of at most this many characters."""
 
 
 class Sender(Protocol):
@@ -25,7 +27,11 @@ class Sender(Protocol):
 
     chunks_streamed: int
 
-    async def send(self, event: str, data: Any, *, durable: bool) -> None: ...
+    async def post(self, event: str, data: Any) -> None:
+        """Send if connected (display only: dropped otherwise)."""
+
+    def deliver(self, turn_id: str, event: str, data: Any) -> None:
+        """Send in the turn's order until the relay confirms it."""
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
 
@@ -38,6 +44,10 @@ class TurnReport:
     the relay, the browsers and the drone's own connection (where an abort's ack queues behind
     what is already sent) handle several times fewer events from a fast model. Any other event of
     the turn, and its completion, first sends the text held back, so the order stays as produced.
+
+    The turn's own text (depth 0) is kept, and each delta says where it starts (``at``), so after
+    a reconnect the whole text can go again and the relay keeps only what it lacks. Finished
+    messages are numbered and delivered until the relay confirms them.
     """
 
     def __init__(self, sender: Sender, turn_id: str) -> None:
@@ -48,6 +58,10 @@ class TurnReport:
         self._held_depth = 0
         self._last_sent = -TEXT_BATCH
         self._timer: asyncio.TimerHandle | None = None
+        self._said: list[str] = []
+        """The turn's own text sent so far."""
+        self._said_chars = 0
+        self._messages = 0
 
     async def text(self, text: str, depth: int) -> None:
         self.sender.chunks_streamed += 1
@@ -65,8 +79,9 @@ class TurnReport:
 
     async def message(self, message: ChatMessage) -> None:
         await self.flush()
-        event = MessageAdded(turn_id=self.turn_id, message=message)
-        await self.sender.send(WORK_ORDER_PROGRESS, event.wire(), durable=True)
+        event = MessageAdded(turn_id=self.turn_id, message=message, number=self._messages)
+        self._messages += 1
+        self.sender.deliver(self.turn_id, WORK_ORDER_PROGRESS, event.wire())
 
     async def tool(self, call: ToolCall, state: str, depth: int, result: str | None = None) -> None:
         await self.flush()
@@ -75,11 +90,11 @@ class TurnReport:
             call_id=call.id,
             name=call.name,
             state=state,
-            arguments=call.arguments if state == "start" else None,
+            arguments=call.arguments if state in ("start", "waiting") else None,
             result=result,
             depth=depth,
         )
-        await self.sender.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
+        await self.sender.post(WORK_ORDER_PROGRESS, event.wire())
 
     async def flush(self) -> None:
         """Send the text held back, if any."""
@@ -93,8 +108,21 @@ class TurnReport:
         self._held_chars = 0
         self._last_sent = asyncio.get_running_loop().time()
         event = TextDelta(turn_id=self.turn_id, text=text, depth=self._held_depth)
+        if self._held_depth == 0:
+            event.at = self._said_chars
+            self._said.append(text)
+            self._said_chars += len(text)
         # Queued for the socket before this returns (no await in between), so in order.
-        await self.sender.send(WORK_ORDER_PROGRESS, event.wire(), durable=False)
+        await self.sender.post(WORK_ORDER_PROGRESS, event.wire())
+
+    def text_so_far(self) -> list[dict[str, Any]]:
+        """The turn's own text sent so far, as deltas from its start (to send again)."""
+        text = "".join(self._said)
+        self._said = [text] if text else []
+        return [
+            TextDelta(turn_id=self.turn_id, text=text[at : at + RESEND_CHARS], at=at).wire()
+            for at in range(0, len(text), RESEND_CHARS)
+        ]
 
     def _flush_later(self) -> None:
         self._timer = None

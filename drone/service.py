@@ -27,16 +27,22 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
     NO_ACTIVE_WORK_ORDER,
+    NO_SUCH_CALL,
+    STALLED,
     STOP_AFTER_STEP,
     ChatMessage,
     Ending,
     EndReason,
+    ToolCall,
     WorkOrder,
 )
 
-from .agent import Agent, NoTools, Report, Tally, ToolRunner
+from .agent import STALL, Agent, NoTools, Report, Tally, ToolRunner
+from .approvals import APPROVAL_TIMEOUT, Approvals
 from .providers import Provider, ProviderError
 from .tools import Toolbox
+from .tools.policy import ToolPolicy
+from .tools.sandbox import Sandbox
 
 log = logging.getLogger("hangar.drone")
 
@@ -59,10 +65,26 @@ class Outlet(Protocol):
     async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None: ...
 
 
+@dataclass(frozen=True)
+class ToolSettings:
+    """How a drone's tools run: where, which wait for a person, and how commands are confined."""
+
+    workdir: Path
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    approval_timeout: float = APPROVAL_TIMEOUT
+    sandbox: Sandbox | None = None
+    """Where commands run confined; None: unconfined (the drone then has ``run_shell`` ask,
+    see ``ToolPolicy.unconfined``)."""
+    network: bool = False
+    """Whether sandboxed commands may use the network."""
+    allow_private_urls: bool = False
+
+
 @dataclass
 class RunningOrder:
     order: WorkOrder
     controller: AbortController
+    approvals: Approvals
     gentle: AbortController = field(default_factory=AbortController)
     """"Stop after this step"."""
     tally: Tally = field(default_factory=Tally)
@@ -79,15 +101,19 @@ class AgentService:
         root: AbortSignal,
         concurrency: int = 1,
         deadline: float | None = None,
-        workdir: Path | None = None,
+        tools: ToolSettings | None = None,
+        stall: float | None = STALL,
     ) -> None:
         self.provider = provider
         self.outlet = outlet
         self.root = root
         self.concurrency = concurrency
         self.deadline = deadline
-        self.workdir = workdir
-        """Where tools work; None runs work orders with no tools."""
+        self.tools = tools
+        """How tools run; None runs work orders with no tools."""
+        self.policy = tools.policy if tools is not None else ToolPolicy.allow_all()
+        self.stall = stall
+        """Seconds a model stream may send nothing before the turn fails (None: no limit)."""
         self.running: dict[str, RunningOrder] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
         """Turns that ran here and ended, most recent last."""
@@ -100,9 +126,12 @@ class AgentService:
             return {"ok": True}
         if self.root.aborted:
             return {"ok": False, "error": "The drone is stopping."}
-        if len(self.running) >= self.concurrency:
+        # An aborted work order only unwinds: its slot is free the moment the abort lands.
+        if sum(not r.controller.signal.aborted for r in self.running.values()) >= self.concurrency:
             return {"ok": False, "error": "The drone is busy."}
-        running = RunningOrder(order, linked_controller(self.root))
+        timeout = self.tools.approval_timeout if self.tools else APPROVAL_TIMEOUT
+        approvals = Approvals(self.policy, timeout, set(order.approved_tools))
+        running = RunningOrder(order, linked_controller(self.root), approvals)
         if order.turn_id in self.aborted_early:
             del self.aborted_early[order.turn_id]
             running.controller.abort(AbortError(cause="person"))
@@ -131,25 +160,56 @@ class AgentService:
         log.info("abort signaled turn=%s", turn_id)
         return True, ABORT_SIGNALED
 
+    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+        """A person's answer to a tool call waiting for approval; None once taken."""
+        running = self.running.get(turn_id)
+        if running is None:
+            return NO_SUCH_CALL
+        refusal = running.approvals.decide(call_id, approve, always)
+        if refusal is None:
+            log.info(
+                "tool call %s %s turn=%s", call_id, "approved" if approve else "declined", turn_id
+            )
+        return refusal
+
+    def waiting_calls(self) -> list[tuple[str, ToolCall, int]]:
+        """Tool calls waiting for a person now: (turn, call, depth)."""
+        return [
+            (turn_id, waiting.call, waiting.depth)
+            for turn_id, running in self.running.items()
+            for waiting in running.approvals.waiting.values()
+        ]
+
     def running_ids(self) -> list[str]:
         return list(self.running)
 
     async def process(self, running: RunningOrder) -> None:
         order, controller = running.order, running.controller
         report = self.outlet.report_for(order.turn_id)
+        settings = self.tools
         tools: ToolRunner = (
             Toolbox(
-                self.workdir,
+                settings.workdir,
                 self.provider,
                 report,
                 tally=running.tally,
                 step_signal=running.gentle.signal,
+                sandbox=settings.sandbox,
+                network=settings.network,
+                allow_private_urls=settings.allow_private_urls,
+                gate=running.approvals,
             )
-            if self.workdir
+            if settings is not None
             else NoTools()
         )
         agent = Agent(
-            self.provider, tools, report, tally=running.tally, step_signal=running.gentle.signal
+            self.provider,
+            tools,
+            report,
+            tally=running.tally,
+            step_signal=running.gentle.signal,
+            stall=self.stall,
+            gate=running.approvals,
         )
         messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
         reason: EndReason
@@ -163,8 +223,12 @@ class AgentService:
             log.info("deadline turn=%s: %s", order.turn_id, error)
             success, message, reason = False, str(error), "deadline"
         except AbortError as error:
-            log.info("aborted turn=%s by=%s", order.turn_id, error.cause)
-            success, message, reason = True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
+            if error.cause == "stall" and not controller.signal.aborted:
+                log.warning("model stream stalled turn=%s: closed", order.turn_id)
+                success, message, reason = False, STALLED, "stalled"
+            else:
+                log.info("aborted turn=%s by=%s", order.turn_id, error.cause)
+                success, message, reason = True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
         except ProviderError as error:
             log.warning("provider failed turn=%s: %s", order.turn_id, error)
             success, message, reason = False, str(error), "model_failed"

@@ -21,7 +21,12 @@ class Work(Protocol):
 
 
 class StatusLine(logging.Handler):
-    """One live status line at the bottom of the terminal."""
+    """One live status line at the bottom of the terminal; each log line clears it, is written
+    above it, and the line is drawn again.
+
+    It counts the chunks of model output streamed (a chunk is about a token, not a count of
+    tokens: those are in each turn's ending).
+    """
 
     def __init__(self, connection: Connection, work: Work) -> None:
         super().__init__()
@@ -33,7 +38,7 @@ class StatusLine(logging.Handler):
         state = "connected to" if self.connection.connected.is_set() else "reconnecting to"
         return (
             f"hangar drone · {state} {self.connection.url} · {len(self.work.running_ids())}"
-            f" running · {self.connection.chunks_streamed} tokens streamed"
+            f" running · {self.connection.chunks_streamed} chunks streamed"
         )
 
     def draw(self) -> None:

@@ -5,25 +5,31 @@ every running work order aborted and exits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.abort import AbortController, AbortError, AbortSignal
 from hangar.shared.protocol import DroneRecord, drone_name_of
 
+from .approvals import APPROVAL_TIMEOUT
 from .connection import DroneRefusedError, RelayConnection
 from .providers import OllamaProvider, OpenAIProvider, Provider
-from .service import AgentService
+from .service import AgentService, ToolSettings
 from .status import StatusLine
+from .tools.policy import ToolPolicy
+from .tools.sandbox import detect_sandbox
 
 log = logging.getLogger("hangar.drone")
 
 PROVIDERS = ("openai", "ollama")
 DEFAULT_MODELS = {"openai": "gpt-4o-mini", "ollama": "llama3.2"}
 _INSTANCE = secrets.token_hex(3)
+RETRY_DELAYS = (1.0, 2.0, 3.0, 5.0)
+"""Seconds between attempts to reach a relay that is not up yet (the last one repeats)."""
 
 
 @dataclass
@@ -38,9 +44,18 @@ class DroneConfig:
     ollama_host: str | None = None
     concurrency: int = 1
     deadline: float | None = 1800.0
+    stall: float | None = 120.0
+    """Seconds a model stream may send nothing before the work order fails (None: no limit)."""
     max_retries: int = 2
     workdir: str | None = "."
     """Where the drone's tools read, write and run commands; None disables tools."""
+    tools: ToolPolicy = field(default_factory=ToolPolicy)
+    """Which tools run at once, wait for a person's approval, or are refused."""
+    approval_timeout: float = APPROVAL_TIMEOUT
+    shell_network: bool = False
+    """Whether sandboxed shell commands may use the network."""
+    allow_private_urls: bool = False
+    """Whether ``fetch_url`` may reach private and loopback addresses."""
 
     def drone_id(self) -> str:
         """The name a drone token carries; otherwise one stable for the life of this process,
@@ -61,11 +76,54 @@ def make_provider(config: DroneConfig) -> Provider:
     raise ValueError(f"Unknown provider {config.provider!r}: use one of {', '.join(PROVIDERS)}.")
 
 
+async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
+    """Connect, waiting for a relay that is not up yet; False if ``signal`` fires first.
+
+    Raises ``DroneRefusedError`` when a relay refuses this drone: waiting cannot help then.
+    """
+    attempt = 0
+    while not signal.aborted:
+        try:
+            await connection.connect()
+            return True
+        except ConnectionError:
+            pass
+        delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+        attempt += 1
+        urls = connection.urls
+        which = f"relay {urls[0]} is" if len(urls) == 1 else f"relays {', '.join(urls)} are"
+        log.warning("%s not up yet; trying again in %g s", which, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), delay)
+    return False
+
+
+def tool_settings(config: DroneConfig) -> ToolSettings | None:
+    """How this drone's tools run, said in one line at start (the sandbox, or its absence)."""
+    if not config.workdir:
+        return None
+    found = detect_sandbox()
+    line = found.describe(network=config.shell_network)
+    if found.available:
+        log.info(line)
+    else:
+        log.warning("%s Commands always wait for a person's approval.", line)
+    return ToolSettings(
+        Path(config.workdir),
+        policy=config.tools if found.available else config.tools.unconfined(),
+        approval_timeout=config.approval_timeout,
+        sandbox=found.sandbox,
+        network=config.shell_network,
+        allow_private_urls=config.allow_private_urls,
+    )
+
+
 async def run_drone(config: DroneConfig, root: AbortController, live_status: bool = False) -> int:
     """Serve work orders until ``root`` is aborted or the relay refuses this drone.
 
-    On the way out every running work order is reported ``aborted``; then it returns 0 (2 if a
-    relay refused the drone). ``live_status`` draws a status line for a terminal.
+    Until a relay answers it waits, trying again every few seconds. On the way out every
+    running work order is reported ``aborted``; then it returns 0 (2 if a relay refused the
+    drone). ``live_status`` draws a status line for a terminal.
     """
     provider = make_provider(config)
     record = DroneRecord(
@@ -82,19 +140,18 @@ async def run_drone(config: DroneConfig, root: AbortController, live_status: boo
         root=root.signal,
         concurrency=config.concurrency,
         deadline=config.deadline,
-        workdir=Path(config.workdir) if config.workdir else None,
+        tools=tool_settings(config),
+        stall=config.stall,
     )
     connection.take_orders(service)
     try:
-        await connection.connect()
+        if not await reach_relay(connection, root.signal):
+            await provider.close()
+            return 0  # stopped while it waited
     except DroneRefusedError as error:
         print(f"hangar drone: the relay refused this drone: {error}", file=sys.stderr)
         await provider.close()
         return 2
-    except ConnectionError as error:
-        print(f"hangar drone: {error}", file=sys.stderr)
-        await provider.close()
-        return 1
 
     async def abort_when_refused() -> None:
         reason = await connection.wait_refused()

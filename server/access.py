@@ -26,8 +26,10 @@ from typing import Any, Literal
 from aiohttp import web
 
 from .accounts import API_TOKEN_PREFIX, LOGIN_SECONDS, Accounts, Revocation, User, token_hash
+from .limits import QuietLog
 
 log = logging.getLogger("hangar.relay")
+revocation_failures = QuietLog(log)
 
 LOGIN_COOKIE = "hangar_login"
 BAD_LOGIN = "Wrong user name or password."
@@ -212,8 +214,10 @@ async def follow_revocations(accounts: Accounts, listeners: list[Listener]) -> N
         await asyncio.sleep(REVOCATION_POLL)
         try:
             revocations = await accounts.revocations_after(last)
-        except Exception:
-            log.exception("reading revocations failed")
+        except Exception as error:  # the store is down: read again at the next poll
+            revocation_failures.warning(
+                "reading revocations failed (%s: %s)", type(error).__name__, str(error)[:200]
+            )
             continue
         for revocation in revocations:
             last = revocation.revocation_id

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -32,6 +33,10 @@ log = logging.getLogger("hangar.relay")
 MAX_TRANSPORT_BYTES = 4_000_000
 """Engine.IO drops a connection sending more in one message; smaller ones get error acks."""
 RELAY = web.AppKey("relay", Relay)
+PING_FLOOR = 0.5
+SHUTDOWN_WAIT = 0.5
+"""Seconds a stopping relay gives each connection's handler to finish before cancelling it
+(engine.io closes every connection first, so none needs longer)."""
 
 
 def web_dir() -> Path:
@@ -52,7 +57,12 @@ class RelayConfig:
     demo_user: str | None = None
     """On a demo relay: the user a visitor on this machine is logged in as."""
     abort_grace: float = 10.0
+    """Seconds a drone that acknowledged an abort has to complete the turn."""
+    abort_answer: float = 2.0
+    """Seconds a drone has to acknowledge an abort before the relay ends the turn itself."""
     drone_grace: float = 3.0
+    """A drone that went silent is noticed within this (engine.io pings), and its turns end if
+    it is not back within this again."""
     redis: str | None = None
     """Redis URL shared by several relays; None for a relay on its own."""
     redis_prefix: str = ""
@@ -63,6 +73,9 @@ class RelayConfig:
         if self.redis_prefix:
             return self.redis_prefix
         return "hangar-" + hashlib.sha256(self.database.encode()).hexdigest()[:12]
+
+    ping: tuple[float, float] | None = None
+    """engine.io's ping interval and timeout; None: derived from ``drone_grace`` (below)."""
 
     demo_model: bool = False
     """Serve the offline demo model at ``/demo/v1`` (OpenAI-compatible, slow canned answers)."""
@@ -100,6 +113,14 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         ),
         namespaces=[IDE_NAMESPACE, DRONE_NAMESPACE],
         max_http_buffer_size=MAX_TRANSPORT_BYTES,
+        # A ping every third of the grace, answered within the other two thirds: a frozen or
+        # vanished peer (drone, browser, or this relay as its drones see it) is noticed within
+        # ``drone_grace`` (engine.io's defaults, 25 s + 20 s, took 35-52 s). Never below
+        # 0.5 s + 1 s: a busy event loop must not read as a dead one.
+        ping_interval=config.ping[0] if config.ping else max(PING_FLOOR, config.drone_grace / 3),
+        ping_timeout=config.ping[1]
+        if config.ping
+        else max(2 * PING_FLOOR, config.drone_grace * 2 / 3),
     )
     app = web.Application()
     sio.attach(app)
@@ -110,6 +131,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,
+        abort_answer=config.abort_answer,
     )
     access = Access(relay.accounts, config.allowed_origins, config.demo_user)
     relay_access.append(access)
@@ -130,6 +152,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
             follow_revocations(relay.accounts, [browsers.revoked, drones.revoked])
         )
         yield
+        log.info("stopping: finishing what is in flight")
         revocations.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await revocations
@@ -137,13 +160,27 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         await relay.store.close()
         if manager is not None:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
+                async with asyncio.timeout(0.5):
                     await manager.flush()
             await manager.close()
+        log.info("stopped in %.2f s", time.monotonic() - stopping[0] if stopping else 0.0)
+
+    stopping: list[float] = []
+
+    async def stop_connections(app: web.Application) -> None:
+        """On shutdown, before aiohttp waits for requests in flight (a pending long-poll among
+        them): drones are dropped, so they move to another relay (or come back to this one when
+        it is up again) with their work going on; browsers reconnect the same way."""
+        stopping.append(time.monotonic())
+        log.info(
+            "stopping: no new connections; %d drones move to another relay, %d browsers close",
+            len(relay.directory.local),
+            len(browsers.connections),
+        )
+        await close_connections(sio)
 
     app.cleanup_ctx.append(lifecycle)
-    # On shutdown, before aiohttp waits for requests in flight (a pending long-poll among them).
-    app.on_shutdown.append(lambda app: close_connections(sio))
+    app.on_shutdown.append(stop_connections)
     page_dir = web_dir()
     access.add_routes(app, page_dir)
     add_static(app, page_dir)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+from .limits import QuietLog
+
+log = logging.getLogger("hangar.relay")
+failures = QuietLog(log)
 
 Later = Callable[[float, Callable[[], Coroutine[Any, Any, None]]], asyncio.TimerHandle]
 
@@ -22,7 +28,15 @@ class Background:
             return
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # Its store or Redis failed: the sweep and the next dispatch pick the work up again.
+            failures.warning(
+                "background work failed (%s: %s)", type(error).__name__, str(error)[:200]
+            )
 
     def later(
         self, delay: float, work: Callable[[], Coroutine[Any, Any, None]]
@@ -47,4 +61,4 @@ class Background:
         for task in tasks:
             task.cancel()
         if tasks:
-            await asyncio.wait(tasks, timeout=2.0)
+            await asyncio.wait(tasks, timeout=0.5)

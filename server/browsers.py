@@ -14,11 +14,12 @@ from hangar.shared.protocol import (
     IDE_NAMESPACE,
     LOGGED_OUT,
     NOT_LOGGED_IN,
-    SESSIONS,
     AbortWorkOrderRequest,
     ListSessions,
     OpenSession,
+    RenameSession,
     SubmitWorkOrder,
+    ToolApproval,
 )
 
 from .access import Access, Credential
@@ -27,6 +28,7 @@ from .connections import ConnectionNamespace
 from .limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
+    TOO_MANY_ANSWERS,
     TOO_MANY_SUBMITS,
     RateLimit,
     one_payload,
@@ -34,6 +36,8 @@ from .limits import (
 )
 from .relay import Relay
 from .rooms import owner_room
+
+TOO_MANY_SESSION_CHANGES = "Too many renames and deletions at once; try again in a moment."
 
 
 class BrowserConnection:
@@ -47,6 +51,9 @@ class BrowserConnection:
         self.owner = credential.user.user_id
         self.submits = RateLimit(burst=10, per_second=1)
         self.aborts = RateLimit(burst=20, per_second=5)
+        self.answers = RateLimit(burst=20, per_second=5)
+        self.session_changes = RateLimit(burst=30, per_second=10)
+        """Renames and deletions (each a write, and a message to every browser of the owner)."""
 
     async def on_submit_work_order(self, *args: Any) -> dict[str, Any]:
         try:
@@ -66,6 +73,15 @@ class BrowserConnection:
             return False, TOO_MANY_ABORTS
         return await self.relay.turns.abort(self.user, request)
 
+    async def on_approve_tool_call(self, *args: Any) -> dict[str, Any]:
+        try:
+            answer = ToolApproval.model_validate(one_payload(args, MAX_EVENT_BYTES))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": refusal(error)}
+        if not self.answers.allow():
+            return {"ok": False, "error": TOO_MANY_ANSWERS}
+        return await self.relay.turns.approve(self.user, answer)
+
     async def on_open_session(self, *args: Any) -> dict[str, Any]:
         try:
             request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
@@ -78,9 +94,25 @@ class BrowserConnection:
             request = ListSessions.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
-        everyone = request.everyone and self.user.admin
-        sessions = await self.relay.rooms.session_views(self.user, everyone=everyone)
-        return {"ok": True, "sessions": sessions}
+        return await self.relay.rooms.session_page(self.user, request)
+
+    async def on_rename_session(self, *args: Any) -> dict[str, Any]:
+        try:
+            request = RenameSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": refusal(error)}
+        if not self.session_changes.allow():
+            return {"ok": False, "error": TOO_MANY_SESSION_CHANGES}
+        return await self.relay.rooms.rename_session(self.user, request.session_id, request.title)
+
+    async def on_delete_session(self, *args: Any) -> dict[str, Any]:
+        try:
+            request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": refusal(error)}
+        if not self.session_changes.allow():
+            return {"ok": False, "error": TOO_MANY_SESSION_CHANGES}
+        return await self.relay.rooms.delete_session(self.user, request.session_id)
 
     async def on_list_drones(self, *args: Any) -> dict[str, Any]:
         return {"ok": True, "drones": await self.relay.directory.views()}
@@ -104,7 +136,6 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
         hello = {"user": {"name": user.name, "role": user.role}, "demo": demo}
         await self.emit(HELLO, hello, to=sid)
         await self.emit(DRONES, await self.relay.directory.views(), to=sid)
-        await self.emit(SESSIONS, await self.relay.rooms.session_views(user), to=sid)
 
     async def revoked(self, revocation: Revocation) -> None:
         """Disconnect the connections a revoked login, token or person had."""

@@ -11,18 +11,22 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import add_log_level
+from hangar.shared.cli import add_log_level, add_setting, directory, port, seconds, url
 
 from .access import is_loopback
 from .accounts import Accounts
-from .app import RELAY, RelayConfig, build_app, open_store
+from .app import RELAY, SHUTDOWN_WAIT, RelayConfig, build_app, open_store
 from .demo_model import DEMO_MODEL, DEMO_PATH
 
 log = logging.getLogger("hangar")
@@ -34,13 +38,34 @@ DEMO_USER = "demo"
 DEMO_DRONE = "demo-drone"
 
 
+def database(text: str) -> str:
+    """A ``postgresql://`` URL, or a SQLite file in a folder that exists."""
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    expected = f"expected a SQLite file or a postgresql:// URL, got {text!r}."
+    if scheme in ("postgresql", "postgres"):
+        try:
+            urlsplit(text).port  # noqa: B018 (raises ValueError for a port out of range)
+        except ValueError:
+            raise ValueError(expected) from None
+        return text
+    if scheme not in ("", "sqlite") or not text.strip():
+        raise ValueError(expected)
+    path = Path(text.removeprefix("sqlite:///"))
+    if path.is_dir():
+        raise ValueError(f"{text!r} is a directory, not a SQLite file.")
+    if not path.parent.is_dir():
+        raise ValueError(f"there is no folder {str(path.parent)!r} for the SQLite file {text!r}.")
+    return text
+
+
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    env = os.environ.get
     serve = commands.add_parser("serve", help="run a relay", description="Run a relay.")
     add_relay_arguments(serve)
-    serve.add_argument(
+    add_setting(
+        serve,
         "--drone-token",
-        default=env("HANGAR_DRONE_TOKEN", ""),
+        env="HANGAR_DRONE_TOKEN",
+        default="",
         help="a secret every drone may present, for a single relay (HANGAR_DRONE_TOKEN; "
         "default: none, drones need their own token from hangar drone-token create)",
     )
@@ -51,57 +76,92 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "talks to the built-in offline demo model.",
     )
     add_relay_arguments(demo)
-    demo.add_argument("--model", default=env("HANGAR_MODEL", ""), help="(HANGAR_MODEL)")
+    add_setting(demo, "--model", env="HANGAR_MODEL", default="", help="(HANGAR_MODEL)")
+    add_setting(
+        demo,
+        "--workdir",
+        env="HANGAR_WORKDIR",
+        default=None,
+        check=directory,
+        help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
+        "default: a fresh folder in the system's temporary folder, removed when the demo stops)",
+    )
 
 
 def add_relay_arguments(command: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     add_log_level(command)
-    command.add_argument(
-        "--host", default=env("HANGAR_HOST", "127.0.0.1"), help="(HANGAR_HOST; default %(default)s)"
+    add_setting(
+        command,
+        "--host",
+        env="HANGAR_HOST",
+        default="127.0.0.1",
+        help="(HANGAR_HOST; default %(default)s)",
     )
-    command.add_argument(
+    add_setting(
+        command,
         "--port",
-        type=int,
-        default=env("HANGAR_PORT", "8080"),
+        env="HANGAR_PORT",
+        default="8080",
+        check=port,
         help="(HANGAR_PORT; default %(default)s; 0 picks a free port)",
     )
-    command.add_argument(
+    add_setting(
+        command,
         "--database",
-        default=env("HANGAR_DATABASE", "hangar.db"),
+        env="HANGAR_DATABASE",
+        default="hangar.db",
+        check=database,
         help="SQLite file, or a postgresql:// URL (HANGAR_DATABASE; default %(default)s)",
     )
-    command.add_argument(
+    add_setting(
+        command,
         "--redis",
-        default=env("HANGAR_REDIS") or None,
+        env="HANGAR_REDIS",
+        default=None,
+        check=url("redis", "rediss", "unix"),
         help="Redis URL shared by several relays (HANGAR_REDIS; default: none, one relay)",
     )
-    command.add_argument(
+    add_setting(
+        command,
         "--redis-prefix",
-        default=env("HANGAR_REDIS_PREFIX", ""),
+        env="HANGAR_REDIS_PREFIX",
+        default="",
         help="what this deployment's Redis keys and channel start with (HANGAR_REDIS_PREFIX; "
         "default: derived from --database, so deployments sharing a Redis do not mix)",
     )
     command.add_argument(
         "--allowed-origin",
         action="append",
-        default=[o for o in env("HANGAR_ALLOWED_ORIGINS", "").split(",") if o],
+        default=[o for o in os.environ.get("HANGAR_ALLOWED_ORIGINS", "").split(",") if o],
         help="an origin besides the relay's own that may use it, e.g. a proxy's "
         "https://hangar.example (repeatable; HANGAR_ALLOWED_ORIGINS, comma-separated)",
     )
-    command.add_argument(
+    add_setting(
+        command,
         "--abort-grace",
-        type=float,
-        default=env("HANGAR_ABORT_GRACE", "10"),
+        env="HANGAR_ABORT_GRACE",
+        default="10",
+        check=seconds,
         help="seconds after an acknowledged abort before the relay ends the turn itself "
         "(HANGAR_ABORT_GRACE; default %(default)s)",
     )
-    command.add_argument(
+    add_setting(
+        command,
+        "--abort-answer",
+        env="HANGAR_ABORT_ANSWER",
+        default="2",
+        check=seconds,
+        help="seconds a drone has to acknowledge an abort before the relay ends the turn "
+        "itself, aborted (HANGAR_ABORT_ANSWER; default %(default)s)",
+    )
+    add_setting(
+        command,
         "--drone-grace",
-        type=float,
-        default=env("HANGAR_DRONE_GRACE", "3"),
-        help="seconds a disconnected drone has to come back before its turns end in error "
-        "(HANGAR_DRONE_GRACE; default %(default)s)",
+        env="HANGAR_DRONE_GRACE",
+        default="3",
+        check=seconds,
+        help="a silent drone is noticed within this, and its turns end in error if it is not "
+        "back within this again (HANGAR_DRONE_GRACE; default %(default)s)",
     )
 
 
@@ -114,24 +174,51 @@ def relay_config(args: argparse.Namespace) -> RelayConfig:
         redis_prefix=args.redis_prefix,
         allowed_origins=args.allowed_origin,
         abort_grace=args.abort_grace,
+        abort_answer=args.abort_answer,
         drone_grace=args.drone_grace,
     )
 
 
+class RelayStartError(Exception):
+    """The relay cannot start: its address, its database or its Redis is not available."""
+
+
 async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
-    """Start a relay; returns its runner and the port it listens on."""
-    runner = web.AppRunner(build_app(config), handle_signals=False, access_log=None)
-    await runner.setup()
+    """Start a relay; returns its runner and the port it listens on.
+
+    Raises ``RelayStartError`` with a one-line reason when it cannot.
+    """
+    runner = web.AppRunner(
+        build_app(config), handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_WAIT
+    )
+    try:
+        await runner.setup()  # opens the store and the live state
+    except Exception as error:
+        log.debug("the relay could not start", exc_info=True)
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+        raise RelayStartError(_cannot_open(config, error)) from error
     site = web.TCPSite(runner, config.host, config.port)
     try:
         await site.start()
-    except OSError:
+    except OSError as error:
         await runner.cleanup()
-        raise
+        reason = f"cannot listen on {config.host}:{config.port}: {error.strerror}."
+        raise RelayStartError(reason) from error
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else config.port
     return runner, port
+
+
+def _cannot_open(config: RelayConfig, error: BaseException) -> str:
+    """Which of the relay's services failed, in one line (URLs left out: they hold passwords)."""
+    said = " ".join(str(error).split()) or type(error).__name__
+    if type(error).__module__.split(".")[0] == "redis":
+        return f"cannot reach Redis: {said}"
+    if "://" in config.database:
+        return f"cannot open the database: {said}"
+    return f"cannot open the database {config.database}: {said}"
 
 
 async def serve(config: RelayConfig, token_was_given: bool) -> int:
@@ -139,11 +226,8 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     try:
         runner, port = await start_relay(config)
-    except OSError as error:
-        print(
-            f"hangar serve: cannot listen on {config.host}:{config.port}: {error.strerror}.",
-            file=sys.stderr,
-        )
+    except RelayStartError as error:
+        print(f"hangar serve: {error}", file=sys.stderr)
         return 1
     print(f"Hangar relay listening on http://{config.host}:{port}/", flush=True)
     relay = runner.app[RELAY]
@@ -181,31 +265,33 @@ def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
     return [*arguments, "--model", DEMO_MODEL], "the offline demo model (canned answers, no LLM)"
 
 
-async def demo(config: RelayConfig, model: str) -> int:
+async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: str) -> int:
+    """Run a relay and its drone until Ctrl-C; the drone's tools work in ``workdir``, else in
+    a fresh folder removed at the end."""
     root = AbortController()
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))
     if is_loopback(config.host):
         config.demo_user = DEMO_USER
-    elif not await _has_accounts(config.database):
-        print(
-            f"hangar demo: on {config.host} the page is open to the network and needs accounts: "
-            f"add one with hangar user add NAME --admin --database {config.database}",
-            file=sys.stderr,
-        )
-        return 2
     try:
+        if not is_loopback(config.host) and not await _has_accounts(config):
+            print(
+                f"hangar demo: on {config.host} the page is open to the network and needs "
+                f"accounts: add one with hangar user add NAME --admin --database "
+                f"{config.database}",
+                file=sys.stderr,
+            )
+            return 2
         runner, port = await start_relay(config)
-    except OSError as error:
-        print(
-            f"hangar demo: cannot listen on {config.host}:{config.port}: {error.strerror}.",
-            file=sys.stderr,
-        )
+    except RelayStartError as error:
+        print(f"hangar demo: {error}", file=sys.stderr)
         return 1
     base = f"http://{config.host}:{port}"
     arguments, label = demo_drone_arguments(base, model)
     token = await _demo_drone_token(runner.app[RELAY].accounts)
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
+    scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
+    arguments += ["--workdir", workdir or str(scratch), "--log-level", log_level]
     # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once.
     drone = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hangar.drone", *arguments, env=env, start_new_session=True
@@ -216,6 +302,8 @@ async def demo(config: RelayConfig, model: str) -> int:
             return 1
         print(f"Hangar demo running: open {base}/ in your browser", flush=True)
         print(f"One drone is connected, using {label}. Press Ctrl-C to stop.", flush=True)
+        where = f"{scratch} (removed when the demo stops)" if scratch else workdir
+        print(f"Its tools work in {where}.", flush=True)
         stopped = asyncio.ensure_future(root.signal.wait())
         exited = asyncio.ensure_future(drone.wait())
         await asyncio.wait((stopped, exited), return_when=asyncio.FIRST_COMPLETED)
@@ -225,11 +313,17 @@ async def demo(config: RelayConfig, model: str) -> int:
     finally:
         await _stop_child(drone)
         await runner.cleanup()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _has_accounts(database: str) -> bool:
-    store = open_store(database)
-    await store.open()
+async def _has_accounts(config: RelayConfig) -> bool:
+    store = open_store(config.database)
+    try:
+        await store.open()
+    except Exception as error:
+        log.debug("the database could not be opened", exc_info=True)
+        raise RelayStartError(_cannot_open(config, error)) from error
     try:
         return bool(await Accounts(store).users())
     finally:
@@ -271,4 +365,4 @@ def run(args: argparse.Namespace) -> int:
         if args.drone_token:
             config.drone_token = args.drone_token
         return runtime.run(serve(config, bool(args.drone_token)))
-    return runtime.run(demo(relay_config(args), args.model))
+    return runtime.run(demo(relay_config(args), args.model, args.workdir, args.log_level))

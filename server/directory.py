@@ -78,11 +78,13 @@ class DroneDirectory:
             return False
         return drone_id in self.local or await self.live.drone(drone_id) is not None
 
-    async def call(self, event: str, data: Any, route: DroneRoute) -> Any:
+    async def call(
+        self, event: str, data: Any, route: DroneRoute, within: float = DRONE_CALL_TIMEOUT
+    ) -> Any:
         """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
         no task per call, and straight to the socket when the drone is connected here.
 
-        Raises ``socketio.exceptions.TimeoutError`` after ``DRONE_CALL_TIMEOUT``.
+        Raises ``socketio.exceptions.TimeoutError`` after ``within`` seconds.
         """
         answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
 
@@ -101,7 +103,7 @@ class DroneDirectory:
             ignore_queue=local is not None and local.sid == route.sid,
         )
         try:
-            async with asyncio.timeout(DRONE_CALL_TIMEOUT):
+            async with asyncio.timeout(within):
                 args = await answered
         except TimeoutError:
             raise socketio.exceptions.TimeoutError() from None

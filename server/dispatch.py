@@ -111,14 +111,17 @@ class Dispatcher:
         assert self.endings is not None and turn.drone_id is not None
         turn.messages = [ChatMessage(role="user", content=turn.prompt)]
         await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
-        await self.rooms.send_sessions(turn.owner)
         route = await self.directory.route(turn.drone_id)
         if route is None:
             await self._back_in_line(turn, "The drone left before it got the work order.")
             return
         history = await session_history(self.store, turn.session_id, before=turn)
         order = WorkOrder(
-            turn_id=turn.turn_id, session_id=turn.session_id, prompt=turn.prompt, history=history
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            prompt=turn.prompt,
+            history=history,
+            approved_tools=await self.live_state.approved_tools(turn.session_id),
         )
         log.info("work order sent turn=%s drone=%s", turn.turn_id, turn.drone_id)
         try:

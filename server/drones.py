@@ -58,7 +58,7 @@ class DroneConnection:
             return {"ok": False, "error": refusal(error)}
         drone_id = self.route.drone_id
         return await self.lanes.run(
-            event.turn_id, lambda: self.relay.turns.progress(drone_id, event)
+            event.turn_id, lambda: self.relay.reports.progress(drone_id, event)
         )
 
     async def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
@@ -78,13 +78,13 @@ class DroneConnection:
             return {"ok": False, "error": refusal(error)}
         drone_id = self.route.drone_id
         return await self.lanes.run(
-            completion.turn_id, lambda: self.relay.turns.complete(drone_id, completion)
+            completion.turn_id, lambda: self.relay.reports.complete(drone_id, completion)
         )
 
     async def close(self) -> None:
         """Finish what the drone sent before it left, then let the relay end its turns."""
         await self.lanes.settle()
-        await self.relay.turns.drone_left(self.route)
+        await self.relay.reports.drone_left(self.route)
 
 
 class DroneNamespace(ConnectionNamespace[DroneConnection]):
@@ -118,9 +118,9 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
         route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
         self.connections[sid] = DroneConnection(self.relay, route)
-        to_abort = await self.relay.turns.drone_joined(route, hello.running)
+        to_abort = await self.relay.reports.drone_joined(route, hello.running)
         if to_abort:  # told once the connection is accepted, in a task of its own
-            self.relay.background.spawn(self.relay.turns.abort_on_drone(route, to_abort))
+            self.relay.background.spawn(self.relay.reports.abort_on_drone(route, to_abort))
 
     async def revoked(self, revocation: Revocation) -> None:
         """A revoked drone is disconnected at once, its running turns ended in error."""
@@ -128,7 +128,7 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             return
         for sid, connection in list(self.connections.items()):
             if connection.route.drone_id == revocation.revoked:
-                await self.relay.turns.end_drone_turns(
+                await self.relay.reports.end_drone_turns(
                     connection.route.drone_id, Ending("error", TOKEN_REVOKED, "drone_failed")
                 )
                 await self.emit(DISMISSED, {"reason": TOKEN_REVOKED}, to=sid)

@@ -13,10 +13,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hangar.shared.protocol import RETRY_LATER
+
+from .limits import QuietLog
+
 log = logging.getLogger("hangar.relay")
 
 Job = Callable[[], Awaitable[dict[str, Any]]]
-FAILED = {"ok": False, "error": "The relay could not handle that event."}
+FAILED = {"ok": False, "error": RETRY_LATER, "retry": True}
+"""The ack of an event the relay could not handle (its store or Redis failed): the drone keeps
+what must not be lost and sends it again."""
+failures = QuietLog(log)
 
 
 class TurnLanes:
@@ -53,8 +60,14 @@ class TurnLanes:
                 job, answer = lane[0]
                 try:
                     result = await job()
-                except Exception:
-                    log.exception("drone event failed drone=%s", self.name)
+                except Exception as error:
+                    failures.warning(
+                        "drone event not handled drone=%s turn=%s (%s: %s); it comes again",
+                        self.name,
+                        turn_id,
+                        type(error).__name__,
+                        str(error)[:200],
+                    )
                     result = dict(FAILED)
                 lane.popleft()
                 if not answer.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ MAX_EVENT_BYTES = 1_000_000
 """Largest browser event payload answered normally; bigger ones get an error ack."""
 TOO_MANY_SUBMITS = "Too many work orders at once; try again in a few seconds."
 TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
+TOO_MANY_ANSWERS = "Too many approvals at once; try again in a moment."
 
 
 class PayloadError(ValueError):
@@ -61,3 +63,24 @@ class RateLimit:
             return False
         self.tokens -= 1
         return True
+
+
+class QuietLog:
+    """One log line per ``every`` seconds for a failure that repeats (a database that is down
+    fails every call): the first at once, then how many more there were."""
+
+    def __init__(self, logger: logging.Logger, every: float = 10.0) -> None:
+        self.logger = logger
+        self.every = every
+        self.at = -every
+        self.skipped = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.at < self.every:
+            self.skipped += 1
+            return
+        if self.skipped:
+            message += f" ({self.skipped} more like it since the last line)"
+        self.at, self.skipped = now, 0
+        self.logger.warning(message, *args)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from hangar.shared.protocol import DroneRecord
 
@@ -21,6 +22,20 @@ class DroneRoute(DroneRecord):
 
     sid: str
     instance: str
+
+
+@dataclass
+class LiveTurn:
+    """A processing turn run by a drone connected to this relay."""
+
+    turn_id: str
+    session_id: str
+    owner: str
+    drone_id: str
+    said: int = 0
+    """How far into the turn's text (in the drone's characters) the relay has it."""
+    units: int = 0
+    """The same length in UTF-16 code units (where browsers put the next text)."""
 
 
 class LiveState(Protocol):
@@ -44,7 +59,19 @@ class LiveState(Protocol):
     async def text(self, turn_id: str) -> tuple[str, int]:
         """The turn's text so far and how many deltas it holds."""
 
-    async def forget_text(self, turn_id: str) -> None: ...
+    async def forget_turn(self, turn_id: str) -> None:
+        """Drop what was kept of a turn that has ended (its text, its waiting calls)."""
+
+    async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
+        """Keep a tool call waiting for a person (its ``tool`` progress event), or drop it."""
+
+    async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's tool calls waiting for a person."""
+
+    async def approve_always(self, session_id: str, tool: str) -> None:
+        """The person approved ``tool`` for the rest of the session."""
+
+    async def approved_tools(self, session_id: str) -> list[str]: ...
 
     async def abort_started(self, turn_id: str) -> None: ...
 
@@ -61,6 +88,8 @@ class LocalLiveState:
         self.routes: dict[str, DroneRoute] = {}
         self.texts: dict[str, list[str]] = {}
         self.aborts: dict[str, asyncio.Event] = {}
+        self.calls: dict[str, dict[str, dict[str, Any]]] = {}
+        self.always: dict[str, set[str]] = {}
 
     async def start(self) -> None:
         return None
@@ -91,8 +120,24 @@ class LocalLiveState:
         pieces = self.texts.get(turn_id, [])
         return "".join(pieces), len(pieces)
 
-    async def forget_text(self, turn_id: str) -> None:
+    async def forget_turn(self, turn_id: str) -> None:
         self.texts.pop(turn_id, None)
+        self.calls.pop(turn_id, None)
+
+    async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
+        if call is not None:
+            self.calls.setdefault(turn_id, {})[call_id] = call
+        elif (calls := self.calls.get(turn_id)) is not None:
+            calls.pop(call_id, None)
+
+    async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
+        return list(self.calls.get(turn_id, {}).values())
+
+    async def approve_always(self, session_id: str, tool: str) -> None:
+        self.always.setdefault(session_id, set()).add(tool)
+
+    async def approved_tools(self, session_id: str) -> list[str]:
+        return sorted(self.always.get(session_id, ()))
 
     async def abort_started(self, turn_id: str) -> None:
         self.aborts[turn_id] = asyncio.Event()

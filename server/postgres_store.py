@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -19,12 +20,17 @@ from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
     INSERT_TURN,
+    RENAME_SESSION,
     Ending,
     SessionBusyError,
+    SessionCursor,
+    SessionGoneError,
     SessionRecord,
     TurnRecord,
+    closing_messages,
     end_turn_sql,
     end_turn_values,
+    list_sessions_sql,
     turn_values,
 )
 
@@ -71,23 +77,54 @@ class PostgresTurnStore:
 
     async def create_session(self, session: SessionRecord) -> None:
         await self.pool.execute(
-            "INSERT INTO sessions (session_id, owner, title, created_at) VALUES ($1, $2, $3, $4)",
+            "INSERT INTO sessions (session_id, owner, title, created_at, last_activity)"
+            " VALUES ($1, $2, $3, $4, $5)",
             session.session_id,
             session.owner,
             _pg(session.title),
             session.created_at,
+            session.last_activity,
         )
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         row = await self.pool.fetchrow("SELECT * FROM sessions WHERE session_id = $1", session_id)
         return SessionRecord(**dict(row)) if row else None
 
-    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
-        rows = await self.pool.fetch(
-            "SELECT * FROM sessions WHERE $1::text IS NULL OR owner = $1 ORDER BY created_at DESC",
-            owner,
-        )
+    async def list_sessions(
+        self,
+        owner: str | None,
+        query: str = "",
+        after: SessionCursor | None = None,
+        limit: int | None = None,
+    ) -> list[SessionRecord]:
+        sql, values = list_sessions_sql(owner, query, after, limit, fold="lower")
+        rows = await self.pool.fetch(_numbered(sql), *_texts(tuple(values)))
         return [SessionRecord(**dict(row)) for row in rows]
+
+    async def rename_session(self, session_id: str, title: str, at: float) -> SessionRecord | None:
+        row = await self.pool.fetchrow(_numbered(RENAME_SESSION), _pg(title), at, session_id)
+        return SessionRecord(**dict(row)) if row is not None else None
+
+    async def delete_session(self, session_id: str) -> bool:
+        async with self.pool.acquire() as db, db.transaction():
+            # The session's row lock holds back a turn being added to it meanwhile.
+            if not await db.fetchval(
+                "SELECT 1 FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+            ):
+                return False
+            if await db.fetchval(
+                "SELECT 1 FROM turns WHERE session_id = $1 AND status IN ('queued', 'processing')",
+                session_id,
+            ):
+                raise SessionBusyError()
+            await db.execute(
+                "DELETE FROM messages WHERE turn_id IN"
+                " (SELECT turn_id FROM turns WHERE session_id = $1)",
+                session_id,
+            )
+            await db.execute("DELETE FROM turns WHERE session_id = $1", session_id)
+            await db.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
+            return True
 
     async def create_turn(self, turn: TurnRecord) -> None:
         async with self.pool.acquire() as db, db.transaction():
@@ -97,6 +134,8 @@ class PostgresTurnStore:
                 if error.constraint_name == "one_processing_turn":
                     raise SessionBusyError() from None
                 raise
+            except asyncpg.ForeignKeyViolationError:
+                raise SessionGoneError() from None
             await _insert_messages(db, turn.turn_id, turn.messages)
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
@@ -117,15 +156,46 @@ class PostgresTurnStore:
         async with self.pool.acquire() as db:
             await _insert_messages(db, turn_id, messages)
 
+    async def add_message(self, turn_id: str, message: ChatMessage, number: int | None) -> bool:
+        async with self.pool.acquire() as db, db.transaction():
+            # The turn's row lock orders this against its ending and its other messages.
+            status = await db.fetchval(
+                "SELECT status FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
+            )
+            if status != "processing":
+                return False
+            if number is not None:
+                count = await db.fetchval(
+                    "SELECT count(*) FROM messages WHERE turn_id = $1", turn_id
+                )
+                if count - 1 > number:
+                    return True  # sent again after a lost ack: stored already
+            await _insert_messages(db, turn_id, [message])
+            return True
+
     async def end_turn(
         self,
         turn_id: str,
         ending: Ending,
         from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
     ) -> TurnRecord | None:
-        values = _texts(end_turn_values(turn_id, ending, from_statuses))
-        row = await self.pool.fetchrow(_numbered(end_turn_sql(from_statuses)), *values)
-        return TurnRecord.of(dict(row)) if row is not None else None
+        async with self.pool.acquire() as db, db.transaction():
+            status = await db.fetchval(
+                "SELECT status FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
+            )
+            if status not in from_statuses:
+                return None
+            found = await db.fetch(
+                "SELECT body FROM messages WHERE turn_id = $1 ORDER BY message_id", turn_id
+            )
+            messages = [ChatMessage.model_validate(json.loads(r["body"])) for r in found]
+            added, text = closing_messages(messages, _pg(ending.text) or "", ending.status)
+            values = _texts(end_turn_values(turn_id, replace(ending, text=text), from_statuses))
+            row = await db.fetchrow(_numbered(end_turn_sql(from_statuses)), *values)
+            if row is None:
+                return None
+            await _insert_messages(db, turn_id, added)
+            return TurnRecord.of(dict(row))
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None

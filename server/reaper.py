@@ -21,19 +21,38 @@ from hangar.shared.protocol import ABORTED
 
 from .background import Later
 from .directory import DroneDirectory
-from .store import Ending, TurnStore
+from .limits import QuietLog
+from .store import Ending, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
 SWEEP_INTERVAL = 1.0
+REJOIN_WINDOW = 5.0
+"""Extra seconds drones get to find a relay that has just started (a drone tries again at
+least every 3 s) before the turns they ran end as "The relay restarted."."""
+failures = QuietLog(log)
 DRONE_LOST = Ending("error", "The drone disconnected.", "drone_lost")
 RELAY_RESTARTED = Ending("error", "The relay restarted.", "relay_restarted")
+
+
+def lost(turn: TurnRecord | None, ending: Ending, asked_here: dict[str, str]) -> Ending:
+    """How a turn whose drone is gone ends: as ``ending``, or aborted if someone had asked to
+    abort it (the person's abort is honoured, not turned into an error)."""
+    by = asked_here.get(turn.turn_id) if turn is not None else None
+    by = by or (turn.abort_requested_by if turn is not None else None)
+    if by is None:
+        return ending
+    return Ending("aborted", ABORTED, "unanswered", ended_by=by)
 
 
 class Endings(Protocol):
     """What the reaper needs of the turn lifecycle."""
 
     async def end_turn(self, turn_id: str, ending: Ending) -> bool: ...
+
+    @property
+    def abort_asked_by(self) -> dict[str, str]:
+        """Who asked, through this relay, to abort turns still processing."""
 
     def keep_live(self, processing: set[str]) -> None:
         """Forget live turns not in ``processing`` (another relay ended them)."""
@@ -103,7 +122,8 @@ class Reaper:
         if await self.directory.present(drone_id):
             return  # the drone came back (maybe to another relay): it said what it still runs
         assert self.endings is not None
-        await self.endings.end_turn(turn_id, DRONE_LOST)
+        turn = await self.store.get_turn(turn_id, messages=False)
+        await self.endings.end_turn(turn_id, lost(turn, DRONE_LOST, self.endings.abort_asked_by))
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -111,8 +131,8 @@ class Reaper:
             self._tick()
             try:
                 await self.sweep()
-            except Exception:
-                log.exception("sweep failed")
+            except Exception as error:  # the store or Redis is down: the next sweep tries again
+                failures.warning("sweep failed (%s: %s)", type(error).__name__, str(error)[:200])
 
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
@@ -127,7 +147,9 @@ class Reaper:
                 self.missing_since.pop(turn.turn_id, None)
                 continue
             first = self.missing_since.setdefault(turn.turn_id, now)
-            if now - first >= self.drone_grace:
-                restarted = turn.created_at < self.started_at
+            restarted = turn.created_at < self.started_at
+            if now - first >= self.drone_grace + (REJOIN_WINDOW if restarted else 0.0):
                 ending = RELAY_RESTARTED if restarted else DRONE_LOST
-                await self.endings.end_turn(turn.turn_id, ending)
+                await self.endings.end_turn(
+                    turn.turn_id, lost(turn, ending, self.endings.abort_asked_by)
+                )

@@ -24,6 +24,8 @@ PRESENCE_TTL = 10.0
 """A drone entry not refreshed by its relay for this long is gone (its relay died)."""
 HEARTBEAT = 2.0
 ABORT_TTL = 60
+KEPT_FOR = 30 * 24 * 3600
+"""Seconds a turn's waiting calls and a session's "always" approvals are kept at most."""
 CALL_TIMEOUT = 2.0
 """Seconds a Redis call may take before it fails (a stalled Redis must not stall the relay)."""
 POOL_SIZE = 32
@@ -45,6 +47,9 @@ class RedisLiveState:
         self.local: dict[str, DroneRoute] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._reachable = True
+        self._trusted_from = time.time()
+        """Drone entries are judged by their age from here at most: after Redis failed (it
+        stalled, or restarted empty) the relays need a heartbeat to write theirs again."""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -80,12 +85,21 @@ class RedisLiveState:
             self._unreachable()  # its entry expires by itself
 
     async def drones(self) -> list[DroneRoute]:
-        entries = await self.redis.hgetall(self.key("drones"))
-        return [route for text in entries.values() if (route := _alive(text))]
+        try:
+            entries = await self.redis.hgetall(self.key("drones"))
+        except FAILURES:
+            self._unreachable()
+            raise
+        trusted = self._trusted_from
+        return [route for text in entries.values() if (route := _alive(text, trusted))]
 
     async def drone(self, drone_id: str) -> DroneRoute | None:
-        text = await self.redis.hget(self.key("drones"), drone_id)
-        return _alive(text) if text else None
+        try:
+            text = await self.redis.hget(self.key("drones"), drone_id)
+        except FAILURES:
+            self._unreachable()
+            raise
+        return _alive(text, self._trusted_from) if text else None
 
     async def append_text(self, turn_id: str, text: str) -> int:
         seq: int = await self.redis.rpush(self.key("text", turn_id), text)
@@ -95,8 +109,34 @@ class RedisLiveState:
         pieces = await self.redis.lrange(self.key("text", turn_id), 0, -1)
         return "".join(_text(p) for p in pieces), len(pieces)
 
-    async def forget_text(self, turn_id: str) -> None:
-        await self.redis.delete(self.key("text", turn_id))
+    async def forget_turn(self, turn_id: str) -> None:
+        await self.redis.delete(self.key("text", turn_id), self.key("waiting", turn_id))
+
+    async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
+        key = self.key("waiting", turn_id)
+        if call is None:
+            await self.redis.hdel(key, call_id)
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, call_id, json.dumps(call))
+            pipe.expire(key, KEPT_FOR)
+            await pipe.execute()
+
+    async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
+        calls = await self.redis.hvals(self.key("waiting", turn_id))
+        return [json.loads(call) for call in calls]
+
+    async def approve_always(self, session_id: str, tool: str) -> None:
+        key = self.key("always", session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(key, tool)
+            pipe.expire(key, KEPT_FOR)
+            await pipe.execute()
+
+    async def approved_tools(self, session_id: str) -> list[str]:
+        return sorted(
+            _text(tool) for tool in await self.redis.smembers(self.key("always", session_id))
+        )
 
     async def abort_started(self, turn_id: str) -> None:
         with contextlib.suppress(*FAILURES):
@@ -133,6 +173,7 @@ class RedisLiveState:
                 log.warning("Redis answers again: this relay's drones are listed again")
 
     def _unreachable(self) -> None:
+        self._trusted_from = time.time()
         if self._reachable:
             self._reachable = False
             log.warning("Redis does not answer; trying again every %g s", HEARTBEAT)
@@ -142,9 +183,9 @@ def _entry(route: DroneRoute) -> str:
     return json.dumps({**route.model_dump(), "seen": time.time()})
 
 
-def _alive(text: Any) -> DroneRoute | None:
+def _alive(text: Any, trusted_from: float) -> DroneRoute | None:
     fields = json.loads(text)
-    if time.time() - float(fields.pop("seen", 0)) > PRESENCE_TTL:
+    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > PRESENCE_TTL:
         return None
     return DroneRoute.model_construct(**fields)
 

@@ -15,9 +15,10 @@ from .dispatch import Dispatcher
 from .live_state import LiveState
 from .metrics import RelayMetrics
 from .reaper import Reaper
+from .reports import DroneReports
 from .rooms import Rooms
 from .store import TurnStore
-from .turns import QUEUE_LIMIT, TurnLifecycle
+from .turns import ABORT_ANSWER, QUEUE_LIMIT, TurnLifecycle
 
 
 class Relay:
@@ -31,6 +32,7 @@ class Relay:
         abort_grace: float = 10.0,
         drone_grace: float = 3.0,
         queue_limit: int = QUEUE_LIMIT,
+        abort_answer: float = ABORT_ANSWER,
     ) -> None:
         self.store = store
         self.sio = sio
@@ -58,7 +60,9 @@ class Relay:
             self.dispatcher,
             self.metrics,
             queue_limit=queue_limit,
+            abort_answer=abort_answer,
         )
+        self.reports = DroneReports(self.turns)
 
     async def start(self) -> None:
         await self.live_state.start()

@@ -1,21 +1,45 @@
-"""Rooms and snapshots: which browser connections hear about a session or a person, and what a
-browser is sent when it opens a session or connects.
+"""Rooms and what browsers are sent: which browser connections hear about a session or a
+person, a session's snapshot, the sessions list a page at a time, and a session's changes.
 
-A session's room gets its turns' events; an owner's room gets the person's session list.
+A session's room gets its turns' events; an owner's room gets the person's sessions as they
+change, one session at a time (``sessionChanged``, ``sessionRemoved``), never the whole list.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import socketio
 
-from hangar.shared.protocol import IDE_NAMESPACE, SESSIONS
+from hangar.shared.protocol import (
+    IDE_NAMESPACE,
+    SESSION_CHANGED,
+    SESSION_REMOVED,
+    TURN_ENDED,
+    TURN_STARTED,
+    ListSessions,
+    ToolActivity,
+)
 
 from . import queue
 from .accounts import Accounts, User
+from .limits import QuietLog
 from .live_state import LiveState
-from .store import SessionRecord, TurnStore
+from .store import SessionBusyError, SessionCursor, SessionRecord, TurnStore
+
+log = logging.getLogger("hangar.relay")
+
+UNKNOWN_SESSION = "Unknown session."
+"""The refusal for a session that does not exist or is someone else's (the same for both)."""
+SESSION_BUSY = "This session has a turn running or waiting; stop it before deleting the session."
+NOT_YOUR_TITLE = "Only the person whose session it is can rename it."
+EMPTY_TITLE = "A session's title cannot be empty."
+
+SESSION_MOVES = (TURN_STARTED, TURN_ENDED)
+"""Turn events after which the session's line in its owner's list changes: a turn created,
+started, put back in line or ended changes its processing turn, queued count or activity."""
 
 
 def session_room(session_id: str) -> str:
@@ -26,6 +50,19 @@ def owner_room(owner: str) -> str:
     return f"owner:{owner}"
 
 
+def cursor_of(session: SessionRecord) -> str:
+    """The ``next`` of a page that ends with ``session`` (``ListSessions.cursor``)."""
+    return f"{session.last_activity!r}~{session.session_id}"
+
+
+def parse_cursor(cursor: str) -> SessionCursor | None:
+    activity, _, session_id = cursor.partition("~")
+    try:
+        return SessionCursor(float(activity), session_id)
+    except ValueError:
+        return None
+
+
 class Rooms:
     def __init__(
         self, sio: socketio.AsyncServer, store: TurnStore, live: LiveState, accounts: Accounts
@@ -34,12 +71,17 @@ class Rooms:
         self.store = store
         self.live = live
         self.accounts = accounts
+        self.quiet = QuietLog(log)
 
     async def join_session(self, sid: str, session_id: str) -> None:
         await self.sio.enter_room(sid, session_room(session_id), namespace=IDE_NAMESPACE)
 
     async def to_session(self, session_id: str, event: str, data: Any) -> None:
+        """Send a turn's event to the session's browsers; a start or an end also updates the
+        session's line in its owner's list (``SESSION_MOVES``)."""
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
+        if event in SESSION_MOVES:
+            await self.send_session(session_id)
 
     def watched_here(self, session_id: str) -> bool:
         """Whether a browser connected to this relay has the session open."""
@@ -52,26 +94,50 @@ class Rooms:
             event, data, room=session_room(session_id), namespace=IDE_NAMESPACE, ignore_queue=True
         )
 
-    async def send_sessions(self, owner: str) -> None:
-        """Send the person's session list to every connection of theirs."""
+    async def send_session(self, session_id: str) -> None:
+        """Send one session's view as it is now to its owner's browsers. A failure (the store
+        or Redis down) is one log line: the list catches up with the session's next change."""
+        try:
+            session = await self.store.get_session(session_id)
+            if session is not None:
+                await self._changed(session)
+        except Exception as error:
+            self.quiet.warning("session change not sent session=%s: %s", session_id, error)
+
+    async def _changed(self, session: SessionRecord) -> dict[str, Any]:
+        """Tell the owner's browsers the session's view; returns it."""
+        view = (await self._views([session], session.owner))[0]
         await self.sio.emit(
-            SESSIONS,
-            await self._views(await self.store.list_sessions(owner), owner),
-            room=owner_room(owner),
+            SESSION_CHANGED,
+            {"session": view},
+            room=owner_room(session.owner),
             namespace=IDE_NAMESPACE,
         )
+        return view
 
-    async def session_views(self, viewer: User, everyone: bool = False) -> list[dict[str, Any]]:
-        """The viewer's sessions, newest first (an admin may ask for everyone's)."""
-        owner = None if everyone and viewer.admin else viewer.user_id
-        return await self._views(await self.store.list_sessions(owner), viewer.user_id)
+    async def session_page(self, viewer: User, request: ListSessions) -> dict[str, Any]:
+        """One page of the viewer's sessions (everyone's for an admin who asks), latest
+        activity first, with ``next`` to ask for the page after it when there is one."""
+        owner = None if request.everyone and viewer.admin else viewer.user_id
+        after = parse_cursor(request.cursor) if request.cursor else None
+        if request.cursor and after is None:
+            return {"ok": False, "error": "Invalid payload (cursor: not a page's next)."}
+        query = request.query.strip()
+        found = await self.store.list_sessions(owner, query, after, request.limit + 1)
+        sessions = found[: request.limit]
+        page: dict[str, Any] = {"ok": True, "sessions": await self._views(sessions, viewer.user_id)}
+        if len(found) > request.limit:
+            page["next"] = cursor_of(sessions[-1])
+        return page
 
     async def _views(self, sessions: list[SessionRecord], viewer_id: str) -> list[dict[str, Any]]:
         if not sessions:
             return []
         owners = {s.owner for s in sessions}
         only = next(iter(owners)) if len(owners) == 1 else None
-        processing = {t.session_id: t.turn_id for t in await self.store.processing_turns(only)}
+        single = sessions[0].session_id if len(sessions) == 1 else None
+        running = await self.store.processing_turns(only, single)
+        processing = {turn.session_id: turn.turn_id for turn in running}
         names = await self.accounts.names(owners - {viewer_id})
         waiting = await queue.queued_per_session(self.store, only)
         return [
@@ -85,15 +151,20 @@ class Rooms:
         """Join a session's room and return its snapshot (live text of a running turn included)."""
         session = await self.store.get_session(session_id)
         if session is None or not viewer.may_see(session.owner):
-            return {"ok": False, "error": "Unknown session."}
+            return {"ok": False, "error": UNKNOWN_SESSION}
         await self.join_session(sid, session_id)
         turns = await self.store.list_turns(session_id)
         processing = None
+        waiting: dict[str, list[ToolActivity]] = {}
         for turn in turns:
             if turn.status == "processing":
                 processing = turn.turn_id
                 turn.text, turn.text_seq = await self.live.text(turn.turn_id)
+                calls = await self.live.waiting(turn.turn_id)
+                waiting[turn.turn_id] = [ToolActivity.model_validate(c) for c in calls]
         views = [turn.view() for turn in turns]
+        for view in views:
+            view.waiting = waiting.get(view.turn_id, [])
         if any(turn.status == "queued" for turn in turns):
             where = {
                 p.turn_id: p.position for p in queue.places(await queue.queue_order(self.store))
@@ -106,3 +177,37 @@ class Rooms:
             "session": session.view(processing, names.get(session.owner)).wire(),
             "turns": [view.wire() for view in views],
         }
+
+    async def rename_session(self, viewer: User, session_id: str, title: str) -> dict[str, Any]:
+        """Retitle one of the viewer's own sessions; its owner's browsers hear of it."""
+        title = " ".join(title.split())
+        session = await self.store.get_session(session_id)
+        if session is None or not viewer.may_see(session.owner):
+            return {"ok": False, "error": UNKNOWN_SESSION}
+        if session.owner != viewer.user_id:
+            return {"ok": False, "error": NOT_YOUR_TITLE}
+        if not title:
+            return {"ok": False, "error": EMPTY_TITLE}
+        renamed = await self.store.rename_session(session_id, title, time.time())
+        if renamed is None:
+            return {"ok": False, "error": UNKNOWN_SESSION}  # deleted meanwhile
+        return {"ok": True, "session": await self._changed(renamed)}
+
+    async def delete_session(self, viewer: User, session_id: str) -> dict[str, Any]:
+        """Delete a session of the viewer's (an admin: anyone's) with its turns and messages,
+        unless a turn of it runs or waits; every browser that lists or shows it hears of it."""
+        session = await self.store.get_session(session_id)
+        if session is None or not viewer.may_see(session.owner):
+            return {"ok": False, "error": UNKNOWN_SESSION}
+        try:
+            deleted = await self.store.delete_session(session_id)
+        except SessionBusyError:
+            return {"ok": False, "error": SESSION_BUSY}
+        if not deleted:
+            return {"ok": False, "error": UNKNOWN_SESSION}
+        log.info("session deleted session=%s by=%s", session_id, viewer.name)
+        rooms = [owner_room(session.owner), owner_room(viewer.user_id), session_room(session_id)]
+        await self.sio.emit(
+            SESSION_REMOVED, {"sessionId": session_id}, room=rooms, namespace=IDE_NAMESPACE
+        )
+        return {"ok": True}

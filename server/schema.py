@@ -163,6 +163,48 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
         CREATE INDEX turns_served ON turns (owner, started_at);
         """,
     },
+    # Sessions listed by last activity (a turn created or ended, a rename), a page at a time.
+    # The triggers keep it whoever writes the turn; a rebuild of ``turns`` must recreate them.
+    {
+        "postgresql": """
+        ALTER TABLE sessions ADD COLUMN last_activity DOUBLE PRECISION NOT NULL DEFAULT 0;
+        UPDATE sessions SET last_activity = GREATEST(created_at, (
+            SELECT max(GREATEST(created_at, ended_at)) FROM turns
+            WHERE turns.session_id = sessions.session_id));
+        DROP INDEX IF EXISTS sessions_owner;
+        CREATE INDEX sessions_activity ON sessions (owner, last_activity, session_id);
+        CREATE INDEX sessions_recent ON sessions (last_activity, session_id);
+        CREATE FUNCTION hangar_session_activity() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE sessions SET last_activity = GREATEST(last_activity, NEW.created_at,
+                NEW.ended_at) WHERE session_id = NEW.session_id;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER turn_created AFTER INSERT ON turns
+            FOR EACH ROW EXECUTE FUNCTION hangar_session_activity();
+        CREATE TRIGGER turn_ended AFTER UPDATE OF ended_at ON turns
+            FOR EACH ROW WHEN (NEW.ended_at IS NOT NULL)
+            EXECUTE FUNCTION hangar_session_activity();
+        """,
+        "sqlite": """
+        ALTER TABLE sessions ADD COLUMN last_activity REAL NOT NULL DEFAULT 0;
+        UPDATE sessions SET last_activity = max(created_at, COALESCE((
+            SELECT max(max(created_at, COALESCE(ended_at, 0))) FROM turns
+            WHERE turns.session_id = sessions.session_id), 0));
+        DROP INDEX IF EXISTS sessions_owner;
+        CREATE INDEX sessions_activity ON sessions (owner, last_activity, session_id);
+        CREATE INDEX sessions_recent ON sessions (last_activity, session_id);
+        CREATE TRIGGER turn_created AFTER INSERT ON turns BEGIN
+            UPDATE sessions SET last_activity = max(last_activity, NEW.created_at)
+            WHERE session_id = NEW.session_id;
+        END;
+        CREATE TRIGGER turn_ended AFTER UPDATE OF ended_at ON turns
+            WHEN NEW.ended_at IS NOT NULL BEGIN
+            UPDATE sessions SET last_activity = max(last_activity, NEW.ended_at)
+            WHERE session_id = NEW.session_id;
+        END;
+        """,
+    },
 ]
 
 

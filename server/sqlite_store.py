@@ -8,6 +8,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,12 +18,17 @@ from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
     INSERT_TURN,
+    RENAME_SESSION,
     Ending,
     SessionBusyError,
+    SessionCursor,
+    SessionGoneError,
     SessionRecord,
     TurnRecord,
+    closing_messages,
     end_turn_sql,
     end_turn_values,
+    list_sessions_sql,
     turn_values,
 )
 
@@ -58,6 +64,8 @@ class SqliteTurnStore:
         # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
         # commits); FULL would fsync every commit, measured at 2.5 ms each here.
         conn.execute("PRAGMA synchronous=NORMAL")
+        # SQLite's own lower() folds ASCII only; a search folds every letter, as PostgreSQL's.
+        conn.create_function("hangar_fold", 1, _fold, deterministic=True)
         _migrate(conn)
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
@@ -109,8 +117,15 @@ class SqliteTurnStore:
     async def create_session(self, session: SessionRecord) -> None:
         await self._write(
             lambda conn: conn.execute(
-                "INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
-                (session.session_id, session.owner, session.title, session.created_at),
+                "INSERT INTO sessions (session_id, owner, title, created_at, last_activity)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (
+                    session.session_id,
+                    session.owner,
+                    session.title,
+                    session.created_at,
+                    session.last_activity,
+                ),
             )
         )
 
@@ -118,12 +133,40 @@ class SqliteTurnStore:
         rows = await self._rows("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
         return SessionRecord(**dict(rows[0])) if rows else None
 
-    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
-        rows = await self._rows(
-            "SELECT * FROM sessions WHERE ? IS NULL OR owner = ? ORDER BY created_at DESC",
-            (owner, owner),
-        )
-        return [SessionRecord(**dict(row)) for row in rows]
+    async def list_sessions(
+        self,
+        owner: str | None,
+        query: str = "",
+        after: SessionCursor | None = None,
+        limit: int | None = None,
+    ) -> list[SessionRecord]:
+        sql, values = list_sessions_sql(owner, query, after, limit, fold="hangar_fold")
+        return [SessionRecord(**dict(row)) for row in await self._rows(sql, values)]
+
+    async def rename_session(self, session_id: str, title: str, at: float) -> SessionRecord | None:
+        def rename(conn: sqlite3.Connection) -> SessionRecord | None:
+            row = conn.execute(RENAME_SESSION, (title, at, session_id)).fetchone()
+            return SessionRecord(**dict(row)) if row is not None else None
+
+        return await self._write(rename)
+
+    async def delete_session(self, session_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            if conn.execute(
+                "SELECT 1 FROM turns WHERE session_id = ? AND status IN ('queued', 'processing')",
+                (session_id,),
+            ).fetchone():
+                raise SessionBusyError()
+            conn.execute(
+                "DELETE FROM messages WHERE turn_id IN"
+                " (SELECT turn_id FROM turns WHERE session_id = ?)",
+                (session_id,),
+            )
+            conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+            deleted = conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            return deleted.rowcount == 1
+
+        return await self._write(delete)
 
     async def create_turn(self, turn: TurnRecord) -> None:
         def insert(conn: sqlite3.Connection) -> None:
@@ -135,6 +178,8 @@ class SqliteTurnStore:
         except sqlite3.IntegrityError as error:
             if "turns.session_id" in str(error):
                 raise SessionBusyError() from None
+            if "FOREIGN KEY" in str(error):
+                raise SessionGoneError() from None
             raise
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
@@ -159,17 +204,39 @@ class SqliteTurnStore:
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         await self._write(lambda conn: _insert_messages(conn, turn_id, messages))
 
+    async def add_message(self, turn_id: str, message: ChatMessage, number: int | None) -> bool:
+        def add(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
+            if row is None or row["status"] != "processing":
+                return False
+            if number is not None:
+                (count,) = conn.execute(
+                    "SELECT count(*) FROM messages WHERE turn_id = ?", (turn_id,)
+                ).fetchone()
+                if count - 1 > number:
+                    return True  # sent again after a lost ack: stored already
+            _insert_messages(conn, turn_id, [message])
+            return True
+
+        return await self._write(add)
+
     async def end_turn(
         self,
         turn_id: str,
         ending: Ending,
         from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
     ) -> TurnRecord | None:
-        sql, values = end_turn_sql(from_statuses), end_turn_values(turn_id, ending, from_statuses)
+        sql = end_turn_sql(from_statuses)
 
         def update(conn: sqlite3.Connection) -> TurnRecord | None:
+            messages = _messages_of(conn, turn_id)
+            added, text = closing_messages(messages, ending.text, ending.status)
+            values = end_turn_values(turn_id, replace(ending, text=text), from_statuses)
             row = conn.execute(sql, values).fetchone()
-            return TurnRecord.of(dict(row)) if row is not None else None
+            if row is None:
+                return None
+            _insert_messages(conn, turn_id, added)
+            return TurnRecord.of(dict(row))
 
         return await self._write(update)
 
@@ -214,9 +281,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
         try:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in script.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in _statements(script):
+                    conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {number}")
             if conn.execute("PRAGMA foreign_key_check").fetchall():
                 raise sqlite3.IntegrityError("The migrated database breaks a foreign key.")
@@ -228,12 +294,35 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.isolation_level = "DEFERRED"
 
 
+def _fold(text: str | None) -> str | None:
+    return text.lower() if isinstance(text, str) else text
+
+
+def _statements(script: str) -> list[str]:
+    """A migration's statements, one at a time (a trigger's body has semicolons of its own)."""
+    found, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\n;"):
+                found.append(pending)
+            pending = ""
+    return found
+
+
 def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage]) -> None:
     if messages:
         conn.executemany(
             "INSERT INTO messages (turn_id, body) VALUES (?, ?)",
             [(turn_id, json.dumps(m.wire())) for m in messages],
         )
+
+
+def _messages_of(conn: sqlite3.Connection, turn_id: str) -> list[ChatMessage]:
+    rows = conn.execute(
+        "SELECT body FROM messages WHERE turn_id = ? ORDER BY message_id", (turn_id,)
+    ).fetchall()
+    return [ChatMessage.model_validate(json.loads(row["body"])) for row in rows]
 
 
 def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[TurnRecord]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from hangar.shared.protocol import (
+    TOOL_CANCELLED,
+    TOOL_LOST,
     ChatMessage,
     EndReason,
     SessionView,
@@ -28,6 +30,12 @@ class SessionRecord:
     owner: str
     title: str
     created_at: float = field(default_factory=time.time)
+    last_activity: float = 0.0
+    """When its latest turn was created or ended, or it was renamed (the store keeps it);
+    a new session's is its creation."""
+
+    def __post_init__(self) -> None:
+        self.last_activity = self.last_activity or self.created_at
 
     def view(
         self,
@@ -39,6 +47,7 @@ class SessionRecord:
             session_id=self.session_id,
             title=self.title,
             created_at=self.created_at,
+            last_activity=self.last_activity,
             processing_turn_id=processing_turn_id,
             queued_turns=queued_turns,
             owner_name=owner_name,
@@ -177,6 +186,36 @@ def end_turn_values(
     )
 
 
+def closing_messages(
+    messages: list[ChatMessage], text: str, status: TurnStatus
+) -> tuple[list[ChatMessage], str]:
+    """What an ending adds to a turn's messages so that the history stays a valid
+    conversation, and the text to store, whoever ends the turn (the drone, or the relay when the
+    drone was lost, did not answer, or the relay restarted).
+
+    - Text that streamed beyond what the messages hold (the drone was lost mid-answer) is kept
+      as an assistant message flagged ``aborted``: the person saw it, the next turn knows it.
+      (A finished turn's messages are the drone's own, complete.)
+    - Every tool call without a result gets one: "cancelled" for an abort, ``TOOL_LOST`` for
+      any other ending.
+
+    The text stored is the longer of the streamed text and the messages' (a relay that
+    restarted mid-turn may have lost the streamed text; the messages are durable).
+    """
+    said = "".join(m.content for m in messages if m.role == "assistant")
+    answered = {m.tool_call_id for m in messages if m.role == "tool"}
+    result = TOOL_CANCELLED if status == "aborted" else TOOL_LOST
+    added = [
+        ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
+        for message in messages
+        for call in message.tool_calls or []
+        if call.id not in answered
+    ]
+    if status != "finished" and len(text) > len(said) and text.startswith(said):
+        added.append(ChatMessage(role="assistant", content=text[len(said) :], aborted=True))
+    return added, text if len(text) > len(said) else said
+
+
 class Database(Protocol):
     """Statements written once for both databases: ``?`` marks each parameter."""
 
@@ -187,8 +226,55 @@ class Database(Protocol):
         """Run one statement (committed on its own); returns how many rows it changed."""
 
 
+class SessionGoneError(Exception):
+    """The session of a new turn does not exist (it was deleted meanwhile)."""
+
+
 class SessionBusyError(Exception):
-    """The session already has a processing turn (one turn at a time per session)."""
+    """The session already has a processing turn (one turn at a time per session), or, for a
+    deletion, a queued or processing one."""
+
+
+@dataclass(frozen=True)
+class SessionCursor:
+    """Where a page of sessions ended: the last one's activity and id (the list's order)."""
+
+    last_activity: float
+    session_id: str
+
+
+def list_sessions_sql(
+    owner: str | None, query: str, after: SessionCursor | None, limit: int | None, fold: str
+) -> tuple[str, list[Any]]:
+    """The statement of ``TurnStore.list_sessions`` and its values; ``fold`` names the
+    database's function that lowers case. A page walks an index on the list's order."""
+    where: list[str] = []
+    values: list[Any] = []
+    if owner is not None:
+        where.append("owner = ?")
+        values.append(owner)
+    if after is not None:
+        where.append("(last_activity, session_id) < (?, ?)")
+        values += [after.last_activity, after.session_id]
+    if query:
+        escaped = query.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        mine = "" if owner is None else " AND turns.owner = ?"
+        where.append(
+            f"({fold}(title) LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM turns"
+            f" WHERE turns.session_id = sessions.session_id{mine}"
+            f" AND {fold}(turns.prompt) LIKE ? ESCAPE '\\'))"
+        )
+        pattern = f"%{escaped}%"
+        values += [pattern, pattern] if owner is None else [pattern, owner, pattern]
+    sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += " ORDER BY last_activity DESC, session_id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        values.append(limit)
+    return sql, values
+
+
+RENAME_SESSION = "UPDATE sessions SET title = ?, last_activity = ? WHERE session_id = ? RETURNING *"
 
 
 class TurnStore(Database, Protocol):
@@ -201,8 +287,23 @@ class TurnStore(Database, Protocol):
 
     async def get_session(self, session_id: str) -> SessionRecord | None: ...
 
-    async def list_sessions(self, owner: str | None) -> list[SessionRecord]:
-        """The owner's sessions (everyone's for None), newest first."""
+    async def list_sessions(
+        self,
+        owner: str | None,
+        query: str = "",
+        after: SessionCursor | None = None,
+        limit: int | None = None,
+    ) -> list[SessionRecord]:
+        """The owner's sessions (everyone's for None), latest activity first: those whose
+        title or a turn's prompt holds ``query`` (any case), after ``after``, at most ``limit``."""
+
+    async def rename_session(self, session_id: str, title: str, at: float) -> SessionRecord | None:
+        """Retitle a session (its last activity becomes ``at``); None if there is no such one."""
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session with its turns and their messages, in one transaction; False if
+        there is no such one. Raises ``SessionBusyError`` (deleting nothing) while one of its
+        turns is queued or processing."""
 
     async def create_turn(self, turn: TurnRecord) -> None:
         """Store a new turn (``queued``, or ``processing`` with its drone) with its first
@@ -217,6 +318,11 @@ class TurnStore(Database, Protocol):
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         """Append finished messages to a turn's part of the conversation."""
 
+    async def add_message(self, turn_id: str, message: ChatMessage, number: int | None) -> bool:
+        """Append a drone's message to a processing turn; False (and nothing stored) once the
+        turn has ended. ``number`` is its place among the drone's messages of the turn (a turn
+        starts with one message, its prompt): a message stored already is not stored again."""
+
     async def end_turn(
         self,
         turn_id: str,
@@ -224,7 +330,8 @@ class TurnStore(Database, Protocol):
         from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
     ) -> TurnRecord | None:
         """Move a turn in one of ``from_statuses`` to its ending's terminal status; returns it
-        as ended (without its messages).
+        as ended (without its messages). In the same transaction the turn's messages are made a
+        valid conversation (``closing_messages``).
 
         Returns None (and changes nothing) if the turn had already ended: first write wins.
         """

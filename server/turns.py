@@ -1,18 +1,21 @@
-"""The turn lifecycle: submit, abort, progress, complete, and ending each turn exactly once.
+"""The turn lifecycle: submit, abort, and ending each turn exactly once (what drones report
+on their turns is ``reports``).
 
 A submitted turn is stored ``queued`` and the dispatcher starts it on a drone with room (at
 once, when one is free). Turns live in the store, whose conditional update makes the first
 terminal write win; the live text and aborts in flight are in the relays' shared live state. A
 relay keeps in memory only the turns run by drones connected to it (``live``).
+
+An abort is always honoured: a drone that does not acknowledge it within ``abort_answer`` (it
+froze, or is away) has the turn ended by the relay, and is told when it is heard from again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import socketio
@@ -21,22 +24,18 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORT_WORK_ORDER,
     ABORTED,
-    DRONE_OFFLINE,
+    APPROVE_TOOL_CALL,
     NO_ACTIVE_WORK_ORDER,
+    NO_SUCH_CALL,
     TURN_ENDED,
     TURN_STARTED,
     UNKNOWN_TURN,
     WORK_ORDER_COMPLETE,
-    WORK_ORDER_PROGRESS,
     AbortOrder,
     AbortWorkOrderRequest,
     ChatMessage,
-    Completion,
-    EndReason,
-    MessageAdded,
     SubmitWorkOrder,
-    TextDelta,
-    ToolActivity,
+    ToolApproval,
     TurnEnded,
     TurnStatus,
     session_title,
@@ -44,20 +43,22 @@ from hangar.shared.protocol import (
 
 from . import queue
 from .accounts import User
-from .directory import DRONE_CALL_TIMEOUT, DroneDirectory
+from .directory import DroneDirectory
 from .dispatch import Dispatcher
-from .live_state import DroneRoute, LiveState
+from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
-from .rooms import Rooms
-from .store import Ending, SessionRecord, TurnRecord, TurnStore
+from .rooms import UNKNOWN_SESSION, Rooms
+from .store import Ending, SessionGoneError, SessionRecord, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
-TURN_ENDED_ALREADY = "The turn has already ended."
-NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
 QUEUE_LIMIT = 20
 """Turns one person may have waiting at once."""
+OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
+DRONE_AWAY = "The drone does not answer just now; try again in a moment."
+ABORT_ANSWER = 2.0
+"""Seconds a drone has to acknowledge an abort; past that the relay ends the turn itself."""
 
 
 def queue_full(limit: int) -> str:
@@ -66,16 +67,6 @@ def queue_full(limit: int) -> str:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
-
-
-@dataclass
-class LiveTurn:
-    """A processing turn run by a drone connected to this relay."""
-
-    turn_id: str
-    session_id: str
-    owner: str
-    drone_id: str
 
 
 class TurnLifecycle:
@@ -90,6 +81,7 @@ class TurnLifecycle:
         metrics: RelayMetrics,
         *,
         queue_limit: int = QUEUE_LIMIT,
+        abort_answer: float = ABORT_ANSWER,
     ) -> None:
         self.store = store
         self.live_state = live_state
@@ -99,8 +91,9 @@ class TurnLifecycle:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.queue_limit = queue_limit
+        self.abort_answer = abort_answer
         self.live: dict[str, LiveTurn] = {}
-        """Turns run by drones connected to this relay."""
+        """Turns run by drones connected to this relay (``reports`` adds them)."""
         self.abort_asked_by: dict[str, str] = {}
         """Who asked (through this relay) to abort a turn still processing."""
 
@@ -108,15 +101,15 @@ class TurnLifecycle:
 
     async def submit(self, viewer: User, sid: str, request: SubmitWorkOrder) -> dict[str, Any]:
         owner = viewer.user_id
+        if await queue.queued_count(self.store, owner) >= self.queue_limit:
+            return {"ok": False, "error": queue_full(self.queue_limit)}
         if request.session_id is not None:
             session = await self.store.get_session(request.session_id)
             if session is None or session.owner != owner:
-                return {"ok": False, "error": "Unknown session."}
+                return {"ok": False, "error": UNKNOWN_SESSION}
         else:
             session = SessionRecord(new_id("s"), owner, session_title(request.prompt))
             await self.store.create_session(session)
-        if await queue.queued_count(self.store, owner) >= self.queue_limit:
-            return {"ok": False, "error": queue_full(self.queue_limit)}
         turn = TurnRecord(
             turn_id=new_id("t"),
             session_id=session.session_id,
@@ -126,10 +119,12 @@ class TurnLifecycle:
             wanted_drone=request.drone_id,
             messages=[ChatMessage(role="user", content=request.prompt)],
         )
-        await self.store.create_turn(turn)
+        try:
+            await self.store.create_turn(turn)
+        except SessionGoneError:  # deleted at this very moment
+            return {"ok": False, "error": UNKNOWN_SESSION}
         await self.rooms.join_session(sid, session.session_id)
         await self.rooms.to_session(session.session_id, TURN_STARTED, turn.view().wire())
-        await self.rooms.send_sessions(owner)
         if request.mode == "interrupt":
             for running in await self.store.processing_turns(session_id=session.session_id):
                 await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
@@ -155,8 +150,12 @@ class TurnLifecycle:
             await self.live_state.drone(turn.drone_id) if turn.drone_id else None
         )
         if route is None:
-            return False, DRONE_OFFLINE
-        return await self._tell_drone(turn.turn_id, route, request.mode)
+            # Its drone is away (maybe coming back): the abort is honoured now, and the drone
+            # is told when it is heard from again (the turn has ended by then).
+            log.info("abort turn=%s while its drone is away: ended by the relay", turn.turn_id)
+            await self.end_turn(turn.turn_id, self._unanswered(viewer))
+            return True, ABORT_SIGNALED
+        return await self._tell_drone(turn.turn_id, route, request.mode, viewer)
 
     async def _abort_target(self, viewer: User, request: AbortWorkOrderRequest) -> TurnRecord | str:
         """The turn an abort is for, or why there is none. Someone else's turn is refused as
@@ -180,16 +179,32 @@ class TurnLifecycle:
             return UNKNOWN_TURN
         return turn
 
-    async def _tell_drone(self, turn_id: str, route: DroneRoute, mode: str) -> tuple[bool, str]:
+    @staticmethod
+    def _unanswered(viewer: User) -> Ending:
+        return Ending("aborted", ABORTED, "unanswered", ended_by=viewer.name)
+
+    async def _tell_drone(
+        self, turn_id: str, route: DroneRoute, mode: str, viewer: User
+    ) -> tuple[bool, str]:
         requested_at = time.monotonic()
         await self.live_state.abort_started(turn_id)
         order = AbortOrder(turn_id=turn_id, mode="after_step" if mode == "after_step" else "now")
         try:
-            answer = await self.directory.call(ABORT_WORK_ORDER, order.wire(), route)
-        except socketio.exceptions.TimeoutError:
-            return False, "The drone did not answer the abort."
+            answer = await self.directory.call(
+                ABORT_WORK_ORDER, order.wire(), route, within=self.abort_answer
+            )
         except socketio.exceptions.SocketIOError:
-            return False, DRONE_OFFLINE
+            # A frozen or vanished drone: the abort is honoured anyway. The turn ends now
+            # (after this ack, as always); the drone hears of it when it is heard from again.
+            log.warning(
+                "abort turn=%s drone=%s: no answer within %g s; ended by the relay",
+                turn_id,
+                route.drone_id,
+                self.abort_answer,
+            )
+            ending = self._unanswered(viewer)
+            self.dispatcher.background.spawn(self.end_turn_quietly(turn_id, ending))
+            return True, ABORT_SIGNALED
         finally:
             # Marked just before the ack goes out: a completion waiting on it is sent after it.
             await self.live_state.abort_answered(turn_id)
@@ -207,93 +222,36 @@ class TurnLifecycle:
             self.reaper.watch_abort(turn_id)
         return success, message
 
-    # ---- drones
-
-    async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
-        """End every turn the drone runs now, without waiting for it."""
-        for turn in await self.store.processing_turns(drone_id=drone_id):
-            await self.end_turn(turn.turn_id, ending)
-
-    async def drone_joined(self, route: DroneRoute, running: list[str]) -> list[str]:
-        """Register a drone and agree with it on what it runs (on every connect and reconnect).
-
-        Returns the turns the drone must abort: ones it runs that ended meanwhile (the relay
-        ended them while it was away or frozen) or whose abort was asked. A turn the store has
-        on it that it no longer runs (it restarted) ends now, unless its order may still be on
-        its way.
-        """
-        stored = {t.turn_id: t for t in await self.store.processing_turns(drone_id=route.drone_id)}
-        to_abort = [t for t in running if t not in stored or stored[t].abort_requested_by]
-        for turn_id in running:
-            self.reaper.forget(turn_id)
-        await self.directory.join(route)
-        recent = time.time() - DRONE_CALL_TIMEOUT
-        for turn in stored.values():
-            if turn.turn_id not in running and (turn.started_at or 0) < recent:
-                await self.end_turn(turn.turn_id, NO_LONGER_RUN)
-        if to_abort:
-            log.info("drone=%s is told to abort %d turns", route.drone_id, len(to_abort))
-        self.dispatcher.wake()
-        return to_abort
-
-    async def abort_on_drone(self, route: DroneRoute, turn_ids: list[str]) -> None:
-        """Tell a drone to abort turns (after a reconnect: its zombies, and kept aborts)."""
-        for turn_id in turn_ids:
-            with contextlib.suppress(socketio.exceptions.SocketIOError):
-                await self.directory.call(
-                    ABORT_WORK_ORDER, AbortOrder(turn_id=turn_id).wire(), route
-                )
-
-    async def drone_left(self, route: DroneRoute) -> None:
-        """A drone's connection closed: its turns end unless it comes back in time."""
-        if await self.directory.leave(route):
-            for turn in await self.store.processing_turns(drone_id=route.drone_id):
-                self.reaper.watch_orphan(turn.turn_id, route.drone_id)
-        await self.directory.broadcast()
-
-    async def progress(
-        self, drone_id: str, event: TextDelta | MessageAdded | ToolActivity
-    ) -> dict[str, Any]:
-        live = await self._attach(drone_id, event.turn_id)
-        if isinstance(live, str):
-            return {"ok": False, "error": live}
-        self.metrics.progress_events.inc()
-        payload = event.wire()
-        payload["sessionId"] = live.session_id
-        if isinstance(event, TextDelta) and event.depth == 0:
-            payload["seq"] = await self.live_state.append_text(event.turn_id, event.text)
-        elif isinstance(event, MessageAdded):
-            await self.store.append_messages(event.turn_id, [event.message])
-        await self.rooms.to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
-        return {"ok": True}
-
-    async def complete(self, drone_id: str, completion: Completion) -> dict[str, Any]:
-        live = await self._attach(drone_id, completion.turn_id)
-        if isinstance(live, str):
-            log.info("completion ignored turn=%s: %s", completion.turn_id, live)
-            return {"ok": False, "error": live}
-        status = completion.status
-        reason: EndReason = (
-            completion.ending.reason if completion.ending is not None else _reason_of(status)
-        )
-        by = self.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
-        usage = completion.ending.usage if completion.ending is not None else None
-        ending = Ending(status, completion.message, reason, ended_by=by, usage=usage)
-        await self.end_turn(completion.turn_id, ending)
-        return {"ok": True}
-
-    async def _attach(self, drone_id: str, turn_id: str) -> LiveTurn | str:
-        """The live turn the drone may report on, or why it may not."""
-        live = self.live.get(turn_id)
-        if live is not None:
-            return live if live.drone_id == drone_id else UNKNOWN_TURN
-        turn = await self.store.get_turn(turn_id, messages=False)
-        if turn is None or turn.drone_id != drone_id:
-            return UNKNOWN_TURN
-        if turn.status != "processing":
-            return TURN_ENDED_ALREADY
-        live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
-        return self.live.setdefault(turn_id, live)
+    async def approve(self, viewer: User, answer: ToolApproval) -> dict[str, Any]:
+        """Take a person's answer to a tool call of theirs waiting for approval to the drone
+        (through another relay if it is connected there)."""
+        turn = await self.store.get_turn(answer.turn_id, messages=False)
+        if turn is None or not viewer.may_see(turn.owner):
+            return {"ok": False, "error": UNKNOWN_TURN}
+        if turn.owner != viewer.user_id:
+            return {"ok": False, "error": OWNER_APPROVES}
+        calls = {c["callId"]: c for c in await self.live_state.waiting(turn.turn_id)}
+        call = calls.get(answer.call_id)
+        if turn.status != "processing" or call is None:
+            return {"ok": False, "error": NO_SUCH_CALL}
+        route = await self.directory.route(turn.drone_id or "")
+        if route is None:
+            return {"ok": False, "error": DRONE_AWAY}
+        try:
+            result = await self.directory.call(
+                APPROVE_TOOL_CALL, answer.wire(), route, within=self.abort_answer
+            )
+        except socketio.exceptions.SocketIOError:
+            return {"ok": False, "error": DRONE_AWAY}
+        if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
+            return {"ok": False, "error": "The drone gave an invalid answer."}
+        if result["ok"] and answer.approve and answer.always:
+            await self.live_state.approve_always(turn.session_id, str(call["name"]))
+        log.info("tool call %s turn=%s approve=%s", answer.call_id, turn.turn_id, answer.approve)
+        return {
+            "ok": result["ok"],
+            **({"error": str(result.get("error"))} if not result["ok"] else {}),
+        }
 
     # ---- ending turns
 
@@ -304,7 +262,11 @@ class TurnLifecycle:
         from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
     ) -> bool:
         """End a turn once: the first terminal write wins, later ones are logged and ignored."""
-        text, _ = await self.live_state.text(turn_id)
+        try:
+            text, _ = await self.live_state.text(turn_id)
+        except Exception as error:  # Redis failing: the store keeps the messages' text
+            log.warning("live text not read turn=%s: %s", turn_id, _brief(error))
+            text = ""
         ended = await self.store.end_turn(
             turn_id,
             replace(ending, text=text or ending.text),
@@ -316,9 +278,14 @@ class TurnLifecycle:
         self.reaper.forget(turn_id)
         self.live.pop(turn_id, None)
         self.abort_asked_by.pop(turn_id, None)
-        await self.live_state.forget_text(turn_id)
-        # The abort ack and the completion are separate; the ack goes first.
-        await self.live_state.wait_abort_answered(turn_id, DRONE_CALL_TIMEOUT)
+        # The ending is stored: what follows only tells people, and must not fail on Redis.
+        try:
+            await self.live_state.forget_turn(turn_id)
+            # The abort ack and the completion are separate; the ack goes first (bounded
+            # below the drone's own wait for this completion's ack).
+            await self.live_state.wait_abort_answered(turn_id, self.abort_answer)
+        except Exception as error:  # Redis failing: its keys expire by themselves
+            log.warning("live state not updated turn=%s: %s", turn_id, _brief(error))
         self.metrics.ended(ended.status, ending.reason, ending.usage)
         log.info(
             "turn ended turn=%s drone=%s status=%s reason=%s",
@@ -341,21 +308,25 @@ class TurnLifecycle:
             usage=ending.usage,
         )
         await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
-        await self.rooms.send_sessions(ended.owner)
         await self.directory.broadcast()
         self.dispatcher.wake()  # a slot is free, or the session's next turn may start
         return True
+
+    async def end_turn_quietly(self, turn_id: str, ending: Ending) -> None:
+        """``end_turn`` from a background task: a failure is one log line (the sweep, which
+        runs every second, ends the turn once the store answers again)."""
+        try:
+            await self.end_turn(turn_id, ending)
+        except Exception as error:
+            log.warning("could not end turn=%s now: %s", turn_id, _brief(error))
 
     def keep_live(self, processing: set[str]) -> None:
         for turn_id in [t for t in self.live if t not in processing]:
             del self.live[turn_id]  # ended through another relay
 
 
-def _reason_of(status: TurnStatus) -> EndReason:
-    """Why a turn ended, for a drone that does not say."""
-    if status == "finished":
-        return "finished"
-    return "aborted" if status == "aborted" else "drone_failed"
+def _brief(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def _abort_answer(answer: Any) -> tuple[bool, str]:

@@ -6,6 +6,10 @@ So ``hangar serve`` never loads the drone or a model SDK, and ``hangar drone`` n
 relay.
 
 A part's module offers ``add_commands(subparsers)`` and ``run(args) -> int``.
+
+Settings come from options or from ``HANGAR_*`` environment variables (``add_setting``). A value
+is checked only when the command that uses it runs, so ``--help`` works whatever the environment
+holds; a bad one is one line on stderr naming the option or the variable, and exit code 2.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 PARTS = {
     "serve": "hangar.server.cli",
@@ -28,6 +36,12 @@ PARTS = {
     "drone": "hangar.drone.cli",
 }
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "ollama")
+"""The model SDKs and their HTTP stacks: a line per request at INFO. Shown at DEBUG only."""
+CLIENT_LOGGERS = ("engineio.client", "socketio.client")
+SERVER_LOGGERS = ("engineio.server", "socketio.server")
+"""python-socketio's and python-engineio's loggers (see ``configure_logging``)."""
 
 
 def hangar_version() -> str:
@@ -38,19 +52,177 @@ def hangar_version() -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """Errors in one line (``hangar serve: …``) with exit code 2, never a usage dump."""
+    """Errors in one line (``hangar serve: --port: …``) with exit code 2, never a usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
+        self.exit(2, f"{self.prog}: {message.removeprefix('argument ')}\n")
+
+
+class SettingError(Exception):
+    """A bad value from the environment; argparse reports only the command line's."""
+
+
+class FromEnv(str):
+    """An option's default read from an environment variable, so an error can name it."""
+
+    variable: str
+
+    def __new__(cls, value: str, variable: str) -> FromEnv:
+        text = super().__new__(cls, value)
+        text.variable = variable
+        return text
+
+
+def add_setting(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str | Sequence[str],
+    default: str | None,
+    check: Callable[[str], Any] | None = None,
+    **options: Any,
+) -> None:
+    """Add ``flag``, defaulting to the first of ``env`` that is set, else ``default``.
+
+    ``check`` converts the text (a plain string without it) or raises ``ValueError`` saying
+    what was expected. argparse converts a default only when the option is not given, after
+    ``--help`` has had its turn.
+    """
+    names = (env,) if isinstance(env, str) else tuple(env)
+    found = next((name for name in names if os.environ.get(name)), None)
+    value = FromEnv(os.environ[found], found) if found else default
+
+    def convert(text: str) -> Any:
+        try:
+            return check(text) if check else str(text)
+        except ValueError as error:
+            if isinstance(text, FromEnv):
+                raise SettingError(
+                    f"{parser.prog}: {text.variable} (for {flag}): {error}"
+                ) from None
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parser.add_argument(flag, default=value, type=convert, **options)
+
+
+# ---- checks: each converts an option's text or raises ValueError saying what was expected
+
+
+def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
+    def check(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise ValueError(f"expected {what} from {low} to {high}, got {text!r}.")
+        return number
+
+    return check
+
+
+port = whole_number(0, 65535, "a port number")
+
+
+def seconds(text: str) -> float:
+    """A finite, non-negative number of seconds."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"expected a number of seconds, 0 or more, got {text!r}.")
+    return number
+
+
+def url(*schemes: str) -> Callable[[str], str]:
+    """A URL with one of ``schemes`` and, unless it names a Unix socket, a host."""
+    names = [f"{scheme}://" for scheme in schemes]
+    wanted = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+    def check(text: str) -> str:
+        parts = urlsplit(text.strip())
+        if parts.scheme not in schemes:
+            raise ValueError(f"expected a URL starting with {wanted}, got {text!r}.")
+        try:
+            parts.port  # noqa: B018 (raises ValueError for a port that is not a port number)
+        except ValueError:
+            raise ValueError(f"expected a port number in the URL, got {text!r}.") from None
+        if not (parts.hostname or parts.scheme == "unix"):
+            raise ValueError(f"expected a host in the URL, got {text!r}.")
+        return text.strip()
+
+    return check
+
+
+def directory(text: str) -> str:
+    """An existing directory, as an absolute path."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise ValueError(f"there is no directory {text!r}.")
+    if not path.is_dir():
+        raise ValueError(f"{text!r} is not a directory.")
+    return str(path.resolve())
+
+
+def log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        names = ", ".join(level.lower() for level in LOG_LEVELS)
+        raise ValueError(f"expected one of {names}, got {text!r}.")
+    return text.upper()
 
 
 def add_log_level(parser: argparse.ArgumentParser, top: bool = False) -> None:
     """``--log-level`` before or after the subcommand; the one after it wins."""
-    parser.add_argument(
+    add_setting(
+        parser,
         "--log-level",
-        default=os.environ.get("HANGAR_LOG_LEVEL", "INFO") if top else argparse.SUPPRESS,
-        help="DEBUG, INFO, WARNING or ERROR (HANGAR_LOG_LEVEL; default INFO)",
+        # After the subcommand no default: the value before it (or HANGAR_LOG_LEVEL) stands.
+        env="HANGAR_LOG_LEVEL" if top else (),
+        default="INFO" if top else argparse.SUPPRESS,
+        check=log_level,
+        help="debug, info, warning or error (HANGAR_LOG_LEVEL; default info)",
     )
+
+
+class TransportNotes(logging.Filter):
+    """What python-socketio's client says about its connection is DEBUG.
+
+    It logs a connection that went away as an ERROR ("packet queue is empty, aborting" when
+    a relay stops answering), and the drone logs what that means itself, in its own words. A
+    handler's exception, logged with its traceback, keeps its level.
+    """
+
+    def __init__(self, shown: int) -> None:
+        super().__init__()
+        self.shown = shown
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return record.levelno >= self.shown
+
+
+def configure_logging(level: str) -> None:
+    """One format for every line, the libraries' per-request chatter only at DEBUG.
+
+    Call before a socket.io client or server exists: python-socketio gives a logger whose level
+    is not set a handler of its own, which writes unformatted lines across the drone's status
+    line.
+    """
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    logging.captureWarnings(True)
+    shown = logging.getLevelName(level)
+    debug = shown <= logging.DEBUG
+    for name in HTTP_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
+    for name in (*CLIENT_LOGGERS, *SERVER_LOGGERS):
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.ERROR)
+    for name in CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, TransportNotes)]:
+            logger.removeFilter(old)
+        logger.addFilter(TransportNotes(shown))
 
 
 def parser(parts: list[ModuleType]) -> Parser:
@@ -75,16 +247,20 @@ def _parts_for(argv: list[str]) -> list[ModuleType]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parts = _parts_for(argv)
-    args = parser(parts).parse_args(argv)
-    level = str(args.log_level).upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        print(f"hangar: unknown log level {args.log_level!r}.", file=sys.stderr)
+    try:
+        args = parser(parts).parse_args(argv)
+    except SettingError as error:
+        print(error, file=sys.stderr)
         return 2
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    configure_logging(args.log_level)
     part = importlib.import_module(PARTS[args.command])
     code: int = part.run(args)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module, not this ``__main__`` copy, whose SettingError the parts' checks
+    # would not raise.
+    from hangar.shared import cli
+
+    sys.exit(cli.main())

@@ -8,10 +8,38 @@ Every model forbids unknown keys, so a malformed payload is refused instead of h
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import Field, StrictBool, TypeAdapter, ValidationError
+
+# The base types of every payload live in ``wire``; they are part of this module's surface.
+from .wire import (
+    ABORT_REASONS,
+    TERMINAL_STATUSES,
+    ChatMessage,
+    Ending,
+    EndReason,
+    Id,
+    ToolCall,
+    TurnStatus,
+    Usage,
+    Wire,
+    status_of,
+)
+
+__all__ = [
+    "ABORT_REASONS",
+    "TERMINAL_STATUSES",
+    "ChatMessage",
+    "EndReason",
+    "Ending",
+    "Id",
+    "ToolCall",
+    "TurnStatus",
+    "Usage",
+    "Wire",
+    "status_of",
+]
 
 IDE_NAMESPACE = "/ide"
 DRONE_NAMESPACE = "/drone"
@@ -19,8 +47,11 @@ DRONE_NAMESPACE = "/drone"
 # browser -> relay (all acknowledged)
 SUBMIT_WORK_ORDER = "submitWorkOrder"
 ABORT_WORK_ORDER = "abortWorkOrder"  # also relay -> drone
+APPROVE_TOOL_CALL = "approveToolCall"  # also relay -> drone
 LIST_SESSIONS = "listSessions"
 OPEN_SESSION = "openSession"
+RENAME_SESSION = "renameSession"
+DELETE_SESSION = "deleteSession"
 LIST_DRONES = "listDrones"
 # relay -> browser
 HELLO = "hello"
@@ -31,7 +62,8 @@ TURN_STARTED = "turnStarted"
 WORK_ORDER_PROGRESS = "workOrderProgress"  # also drone -> relay
 WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
 DRONES = "drones"
-SESSIONS = "sessions"
+SESSION_CHANGED = "sessionChanged"
+SESSION_REMOVED = "sessionRemoved"
 # relay -> drone
 WORK_ORDER = "workOrder"
 DISMISSED = "dismissed"
@@ -49,95 +81,18 @@ NO_ACTIVE_WORK_ORDER = "No active work order to abort"
 DRONE_OFFLINE = "Drone is offline"
 UNKNOWN_TURN = "Unknown turn"
 TOOL_CANCELLED = "Tool execution was cancelled by user."
+TOOL_LOST = "The drone was lost before this tool finished."
+NO_SUCH_CALL = "No such tool call is waiting for approval."
+"""The result the relay gives a tool call left open by an ending it decided (not an abort)."""
+STALLED = "The model service stopped responding."
+RETRY_LATER = "The relay could not store this now; send it again."
+"""A drone's event the relay could not handle for a reason of its own (its database is down,
+say): the ack says ``{ok: false, error, retry: true}`` and the drone sends it again later."""
 
 MAX_PROMPT_CHARS = 100_000
 DRONE_TOKEN_PREFIX = "hgd."
 """A drone token names its drone: ``hgd.<drone name>.<secret>``."""
 DRONE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-
-TurnStatus = Literal["queued", "processing", "finished", "aborted", "error"]
-TERMINAL_STATUSES: tuple[TurnStatus, ...] = ("finished", "aborted", "error")
-
-EndReason = Literal[
-    "finished",
-    "aborted",
-    "operator",
-    "shutdown",
-    "unanswered",
-    "deadline",
-    "stalled",
-    "model_failed",
-    "drone_lost",
-    "relay_restarted",
-    "drone_failed",
-]
-"""Why a turn ended: finished; aborted by a person (``by`` says who), by the drone's operator
-(Ctrl-C), by a shutdown, or by the relay after the drone did not answer an abort (all four end
-``aborted``); timed out (its deadline), the model service stalled or failed, the drone was lost,
-the relay restarted, or the drone could not run it (all end ``error``)."""
-ABORT_REASONS: tuple[EndReason, ...] = ("aborted", "operator", "shutdown", "unanswered")
-
-
-def status_of(reason: EndReason) -> TurnStatus:
-    """The status a turn ending for ``reason`` has."""
-    if reason == "finished":
-        return "finished"
-    return "aborted" if reason in ABORT_REASONS else "error"
-
-
-class Wire(BaseModel):
-    """Base of every payload: camelCase on the wire, unknown keys refused."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False
-    )
-
-    def wire(self) -> dict[str, Any]:
-        """The JSON-ready dict to emit."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
-
-
-class ToolCall(Wire):
-    id: Id
-    name: str = Field(min_length=1, max_length=128)
-    arguments: str = Field(default="{}", max_length=1_000_000)
-    """The arguments as the model produced them: a JSON object in a string."""
-
-
-class ChatMessage(Wire):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(default="", max_length=10_000_000)
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: Id | None = None
-    name: str | None = None
-    aborted: bool | None = None
-    """Set on an assistant message cut short by an abort: its content is partial."""
-
-
-class Usage(Wire):
-    """Tokens a turn used; ``estimated`` when the service did not say (an aborted stream)."""
-
-    prompt_tokens: int = Field(default=0, ge=0)
-    completion_tokens: int = Field(default=0, ge=0)
-    estimated: bool = False
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            estimated=self.estimated or other.estimated,
-        )
-
-
-class Ending(Wire):
-    """The optional fourth argument of a drone's ``workOrderComplete``: why, and the usage."""
-
-    reason: EndReason
-    usage: Usage | None = None
-
 
 # ---- browser -> relay
 
@@ -169,6 +124,14 @@ class OpenSession(Wire):
 class ListSessions(Wire):
     everyone: bool = False
     """Admins only: every person's sessions, not just their own."""
+    query: str = Field(default="", max_length=200)
+    """Only sessions whose title or a turn's prompt holds this, in any case."""
+    cursor: str | None = Field(default=None, pattern=r"^[0-9.e+-]{1,32}~[A-Za-z0-9_.:-]{1,128}$")
+    limit: int = Field(default=50, ge=1, le=100)
+
+
+class RenameSession(OpenSession):
+    title: str = Field(max_length=200)  # stored on one line
 
 
 # ---- relay <-> browser views
@@ -196,6 +159,8 @@ class SessionView(Wire):
     session_id: str
     title: str
     created_at: float
+    last_activity: float
+    """When its latest turn was created or ended, or it was renamed: the list's order."""
     processing_turn_id: str | None = None
     queued_turns: int = 0
     """How many of its turns wait in line."""
@@ -226,6 +191,8 @@ class TurnView(Wire):
     """The drone the person picked, while it waits for it."""
     position: int | None = None
     """While queued: its place in line (as ``TurnQueued.position``)."""
+    waiting: list[ToolActivity] = Field(default_factory=list)
+    """While processing: its tool calls waiting for the person's approval."""
 
 
 class TurnQueued(Wire):
@@ -259,6 +226,18 @@ class WorkOrder(Wire):
     session_id: Id
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     history: list[ChatMessage] = Field(default_factory=list)
+    approved_tools: list[str] = Field(default_factory=list)
+    """Tools the person approved "always for this session": they run without asking."""
+
+
+class ToolApproval(Wire):
+    """``approveToolCall``: a person's answer to a tool call waiting for approval."""
+
+    turn_id: Id
+    call_id: Id
+    approve: StrictBool
+    always: StrictBool = False
+    """Also run this tool without asking for the rest of the session."""
 
 
 class AbortOrder(Wire):
@@ -275,6 +254,10 @@ class TextDelta(Wire):
     text: str = Field(max_length=1_000_000)
     depth: int = Field(default=0, ge=0, le=16)
     """0 for the work order's own agent, n for a sub-agent n levels down."""
+    at: int | None = Field(default=None, ge=0)
+    """Where ``text`` starts in the turn's text (depth 0): from a drone, in characters; to a
+    browser, in UTF-16 code units (as JavaScript counts). A drone sends a turn's whole text
+    again after a reconnect; the relay keeps what it lacks and passes on only that."""
 
 
 class MessageAdded(Wire):
@@ -283,6 +266,9 @@ class MessageAdded(Wire):
     kind: Literal["message"] = "message"
     turn_id: Id
     message: ChatMessage
+    number: int | None = Field(default=None, ge=0)
+    """The message's place among the turn's messages from the drone (0 for the first): a
+    message sent again (its ack was lost) is stored once."""
 
 
 class ToolActivity(Wire):
@@ -290,7 +276,7 @@ class ToolActivity(Wire):
     turn_id: Id
     call_id: Id
     name: str = Field(min_length=1, max_length=128)
-    state: Literal["start", "end", "cancelled", "error"]
+    state: Literal["waiting", "declined", "start", "end", "cancelled", "error"]
     arguments: str | None = Field(default=None, max_length=1_000_000)
     result: str | None = Field(default=None, max_length=1_000_000)
     depth: int = Field(default=0, ge=0, le=16)

@@ -19,6 +19,7 @@ import pytest
 import socketio
 
 from bench.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
+from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts, Role
@@ -79,13 +80,22 @@ class RelayHandle:
 
 
 @pytest.fixture
-async def relay(tmp_path: Path) -> AsyncIterator[RelayHandle]:
+def relay_ping() -> tuple[float, float] | None:
+    """engine.io's ping of the test relay: from its drone grace (browser tests override it)."""
+    return None
+
+
+@pytest.fixture
+async def relay(
+    tmp_path: Path, relay_ping: tuple[float, float] | None
+) -> AsyncIterator[RelayHandle]:
     config = RelayConfig(
         port=0,
         database=str(tmp_path / "hangar.db"),
         drone_token=DRONE_TOKEN,
         abort_grace=2.0,
         drone_grace=0.5,
+        ping=relay_ping,
     )
     runner, port = await start_relay(config)
     relay = runner.app[RELAY]
@@ -146,12 +156,18 @@ class DroneHandle:
 
 
 @pytest.fixture
-async def start_drone(relay: RelayHandle) -> AsyncIterator[Callable[..., Any]]:
+async def start_drone(relay: RelayHandle, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     drones: list[DroneHandle] = []
     counter = iter(range(1000))
 
     async def start(upstream: Upstream | None = None, **settings: Any) -> DroneHandle:
-        defaults = {"token": DRONE_TOKEN, "name": f"drone{next(counter)}"}
+        # Every tool runs at once unless a test says otherwise (approvals have tests of their own).
+        defaults = {
+            "token": DRONE_TOKEN,
+            "name": f"drone{next(counter)}",
+            "tools": ToolPolicy.allow_all(),
+            "workdir": str(tmp_path),  # never the checkout the tests run from
+        }
         options = {**defaults, **(upstream.drone_settings() if upstream else {}), **settings}
         config = DroneConfig(server=relay.url, **options)
         root = AbortController()
@@ -293,21 +309,28 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
     started: list[subprocess.Popen[bytes]] = []
 
     def start(
-        upstream: Upstream, server: str, name: str = "proc-drone", concurrency: int = 1
+        upstream: Upstream,
+        server: str,
+        name: str = "proc-drone",
+        concurrency: int = 1,
+        tools: str = "all=allow",
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         settings = upstream.drone_settings()
         args = [
             *HANGAR, "drone", "--server", server,
             "--token", DRONE_TOKEN, "--name", name, "--concurrency", str(concurrency),
             "--provider", settings["provider"], "--model", settings["model"],
-            "--workdir", str(tmp_path),
+            "--workdir", str(tmp_path), "--tools", tools,
         ]  # fmt: skip
         if "base_url" in settings:
             args += ["--base-url", settings["base_url"], "--api-key", settings["api_key"]]
         else:
             args += ["--ollama-host", settings["ollama_host"]]
         log = open(tmp_path / f"{name}-{len(started)}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env and {**os.environ, **env}
+        )
         log.close()
         started.append(process)
         return process
@@ -386,6 +409,7 @@ class RelayProcess:
     url: str
     process: asyncio.subprocess.Process
     database: str
+    log: Path
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -402,15 +426,17 @@ async def relay_processes(
         abort_grace: float = 2.0,
         drone_grace: float = 1.0,
         port: int = 0,
-        redis: bool = True,
+        redis: bool | str = True,
         database: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> RelayProcess:
+        """``redis``: the shared test Redis, False for none, or a URL (a test's own server)."""
         log = open(tmp_path / f"relay-{len(started)}.log", "w+b")  # noqa: SIM115, ASYNC230
-        shared = ["--redis", redis_url] if redis else []
+        shared = ["--redis", redis if isinstance(redis, str) else redis_url] if redis else []
         process = await asyncio.create_subprocess_exec(
             *HANGAR, "serve", "--port", str(port),
             "--database", database or postgres_url, *shared, "--drone-token", DRONE_TOKEN,
-            "--abort-grace", str(abort_grace), "--drone-grace", str(drone_grace),
+            "--abort-grace", str(abort_grace), "--drone-grace", str(drone_grace), *extra,
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -422,7 +448,7 @@ async def relay_processes(
             return found.group(1).decode() if found else None
 
         url = await eventually(listening, timeout=20, what="the relay to listen")
-        relay = RelayProcess(url, process, database or postgres_url)
+        relay = RelayProcess(url, process, database or postgres_url, Path(log.name))
         started.append(relay)
         return relay
 

@@ -18,6 +18,7 @@ from aiohttp import web
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 from hangar.shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, ChatMessage
 from tests.conftest import Browser, DroneHandle, RelayHandle, Upstream, eventually
+from tests.test_tool_sandbox import processes_running, unique_sleep
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 
@@ -33,7 +34,10 @@ async def drone(
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / "a.txt").write_text("hello from a.txt")
-    handle: DroneHandle = await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
+    # The slow site of the fetch test is on this machine: private addresses are allowed here.
+    handle: DroneHandle = await start_drone(
+        Upstream("openai", openai_peer), workdir=str(workdir), allow_private_urls=True
+    )
     return handle
 
 
@@ -84,19 +88,26 @@ async def the_session_goes_on(
 async def test_abort_while_a_shell_tool_runs_kills_its_whole_process_tree(
     relay: RelayHandle, openai_peer: OpenAIPeer, drone: DroneHandle, browser: Browser
 ) -> None:
-    command = "echo $$ > pids; sleep 60 & echo $! >> pids; sleep 60 & echo $! >> pids; wait"
+    # Found from the host by their command lines: inside the command's own PID namespace,
+    # ``$$`` and ``$!`` are not host pids.
+    child, grandchild = unique_sleep(), unique_sleep()
+    command = f"{' '.join(child)} & setsid {' '.join(grandchild)} & wait"
     openai_peer.script(Reply(chunks=[], tool_calls=[call("run_shell", command=command)]))
     ack = await browser.submit("Run the slow thing")
     turn_id = ack["turnId"]
     await tool_started(browser, turn_id, "run_shell")
-    pids = await eventually(
-        lambda: _pids(workdir_of(drone) / "pids", count=3), what="the shell and its children"
+    await eventually(
+        lambda: processes_running(*child) and processes_running(*grandchild),
+        what="the command's children",
     )
-    assert all(_alive(pid) for pid in pids)
 
     assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
 
-    await eventually(lambda: not any(_alive(pid) for pid in pids), timeout=2, what="no orphan")
+    await eventually(
+        lambda: not processes_running(*child) and not processes_running(*grandchild),
+        timeout=2,
+        what="no orphan",
+    )
     assert await browser.completion(turn_id) == (turn_id, True, "aborted")
     call_id = browser.progress(turn_id, "tool")[0]["callId"]
     assert await stored_messages(relay, turn_id) == [
@@ -347,19 +358,3 @@ async def stalling_site() -> AsyncIterator[StallingSite]:
     site.url = f"http://127.0.0.1:{port}/slow"
     yield site
     await runner.cleanup()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[-1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before or while it was read
-        return False
-
-
-def _pids(pid_file: Path, count: int) -> list[int] | None:
-    """The pids the shell wrote, once all ``count`` are there."""
-    if not pid_file.exists():
-        return None
-    pids = [int(p) for p in pid_file.read_text().split()]
-    return pids if len(pids) == count else None

@@ -8,11 +8,23 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.providers import OpenAIProvider
-from hangar.drone.service import AgentService
+from hangar.drone.service import AgentService, ToolSettings
+from hangar.drone.tools.policy import ToolPolicy
 from hangar.shared.abort import AbortController
-from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, Ending, ToolCall, WorkOrder
+from hangar.shared.protocol import (
+    STALLED,
+    TOOL_CANCELLED,
+    ChatMessage,
+    Ending,
+    ToolCall,
+    WorkOrder,
+)
+from tests.conftest import Upstream, eventually
+from tests.test_upstream_close import provider_for
 
 TWO_CALLS = Reply(
     chunks=[],
@@ -60,7 +72,12 @@ class Recorder:
 def service_for(peer: OpenAIPeer, recorder: Recorder, workdir: Path) -> AgentService:
     (workdir / "a.txt").write_text("contents of a")
     provider = OpenAIProvider("gpt-test", api_key="k", base_url=peer.base_url + "/v1")
-    return AgentService(provider, recorder, root=AbortController().signal, workdir=workdir)
+    return AgentService(provider, recorder, root=AbortController().signal, tools=tools_in(workdir))
+
+
+def tools_in(workdir: Path) -> ToolSettings:
+    """Every tool runs at once (approvals have tests of their own)."""
+    return ToolSettings(workdir, policy=ToolPolicy.allow_all())
 
 
 def order(turn_id: str, prompt: str, history: list[ChatMessage] | None = None) -> WorkOrder:
@@ -160,6 +177,33 @@ async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_
     assert await finished(recorder) == ("t_1", True, "aborted")
 
 
+@pytest.mark.parametrize("stall_at", ["before the first chunk", "mid-answer"])
+async def test_a_stalled_model_stream_is_closed_and_the_turn_fails_with_a_clear_error(
+    upstream: Upstream, tmp_path: Path, stall_at: str
+) -> None:
+    recorder = Recorder()
+    provider = provider_for(upstream.provider, upstream.peer.base_url)
+    service = AgentService(
+        provider, recorder, root=AbortController().signal, tools=tools_in(tmp_path), stall=0.5
+    )
+    if stall_at == "mid-answer":
+        upstream.peer.script(Reply(chunks=["so ", "far ", "and"], stall_after=(2, 60)))
+    else:
+        upstream.peer.script(Reply(chunks=["never"], stall_before=60))
+    try:
+        service.accept(order("t_1", "Answer slowly"))
+
+        assert await finished(recorder) == ("t_1", False, STALLED)
+        assert recorder.endings[-1].reason == "stalled"
+        await eventually(
+            lambda: upstream.peer.requests[0].disconnected, timeout=5, what="the stream closed"
+        )
+        kept = [(m.role, m.content, m.aborted) for m in recorder.messages]
+        assert kept == ([("assistant", "so far ", True)] if stall_at == "mid-answer" else [])
+    finally:
+        await provider.close()
+
+
 async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind(
     openai_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
@@ -170,7 +214,12 @@ async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind
     root = AbortController()
     provider = OpenAIProvider("gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1")
     service = AgentService(
-        provider, recorder, root=root.signal, concurrency=50, deadline=1800, workdir=tmp_path
+        provider,
+        recorder,
+        root=root.signal,
+        concurrency=50,
+        deadline=1800,
+        tools=tools_in(tmp_path),
     )
     shell = Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": "true"})])
     sub = Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "look"})])

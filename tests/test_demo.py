@@ -7,11 +7,12 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from hangar.server.access import LOGIN_COOKIE
-from tests.conftest import HANGAR, ROOT, Browser
+from tests.conftest import HANGAR, ROOT, Browser, eventually
 
 
 async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_path: Path) -> None:
@@ -48,3 +49,64 @@ async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_pat
             process.send_signal(signal.SIGINT)
         code = await asyncio.wait_for(process.wait(), 30)
     assert code == 0
+
+
+async def test_the_demo_model_calls_tools_that_ask_first_and_a_sub_agent(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OLLAMA_HOST")}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.txt").write_text("hi")
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "demo", "--port", "0", "--workdir", str(work),
+        "--database", str(tmp_path / "demo.db"),
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    browser: Browser | None = None
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        found = re.search(r"open (http://\S+/) in your browser", line)
+        assert found, line
+        url = found.group(1)
+        async with aiohttp.ClientSession() as http, http.get(url) as page:
+            login = page.cookies[LOGIN_COOKIE].value
+        browser = await Browser(url.rstrip("/"), login=login).connect()
+
+        # A command waits for the person, then runs; an abort lands in the middle of it.
+        ack = await browser.submit("Run a command, please")
+        waiting = await _tool(browser, ack["turnId"], "waiting")
+        assert waiting["name"] == "run_shell"
+        payload = {"turnId": ack["turnId"], "callId": waiting["callId"], "approve": True}
+        assert await browser.call("approveToolCall", payload) == {"ok": True}
+        await _tool(browser, ack["turnId"], "start")
+        assert await browser.abort(ack["turnId"]) == (True, "Abort signaled")
+        assert (await browser.completion(ack["turnId"], timeout=30))[1:] == (True, "aborted")
+        assert (await _tool(browser, ack["turnId"], "cancelled"))["name"] == "run_shell"
+
+        # A sub-agent lists the files (reading needs no approval) and its parent reports.
+        ack = await browser.submit("Delegate this to a sub-agent", sessionId=ack["sessionId"])
+        _, success, message = await browser.completion(ack["turnId"], timeout=60)
+        assert success is True and message.startswith("[demo model] The tool spawn_subagent")
+        listed = [
+            p
+            for p in browser.progress(ack["turnId"], "tool")
+            if p["name"] == "list_directory" and p["state"] == "end"
+        ]
+        assert listed and listed[0]["depth"] == 1 and "hello.txt" in listed[0]["result"]
+    finally:
+        if browser is not None:
+            await browser.close()
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(process.wait(), 30)
+    assert code == 0
+
+
+async def _tool(browser: Browser, turn_id: str, state: str) -> dict[str, Any]:
+    found = await eventually(
+        lambda: [p for p in browser.progress(turn_id, "tool") if p["state"] == state],
+        30,
+        f"a tool call {state}",
+    )
+    call: dict[str, Any] = found[0]
+    return call

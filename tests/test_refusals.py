@@ -14,8 +14,8 @@ import socketio
 from bench.peers import OpenAIPeer, Reply
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
+    ABORTED,
     DRONE_NAMESPACE,
-    DRONE_OFFLINE,
     NO_ACTIVE_WORK_ORDER,
     UNKNOWN_TURN,
 )
@@ -24,7 +24,7 @@ from tests.conftest import HANGAR, Browser, RelayHandle, Upstream, drone_hello, 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
 
 
-async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_offline(
+async def test_an_abort_after_the_drone_died_is_honoured_by_the_relay(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
     drone_process: Callable[..., subprocess.Popen[bytes]],
@@ -39,12 +39,17 @@ async def test_a_drone_killed_mid_turn_ends_the_turn_in_error_and_aborts_say_off
     process.send_signal(signal.SIGKILL)
     await eventually(lambda: not relay.relay.directory.local, what="the relay to notice")
 
-    assert await browser.abort(turn_id) == (False, DRONE_OFFLINE)
-    assert await browser.completion(turn_id) == (turn_id, False, "The drone disconnected.")
-    assert (await browser.ending(turn_id))["reason"] == "drone_lost"
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    assert await browser.completion(turn_id) == (turn_id, True, ABORTED)
+    assert (await browser.ending(turn_id))["reason"] == "unanswered"
     turn = await relay.relay.store.get_turn(turn_id)
-    assert turn is not None and turn.status == "error"
+    assert turn is not None and turn.status == "aborted"
     assert turn.text == browser.text(turn_id)
+    # What streamed before the drone died stays in the history, flagged as cut short.
+    assert [(m.role, m.content, m.aborted) for m in turn.messages] == [
+        ("user", "Stream for a while", None),
+        ("assistant", browser.text(turn_id), True),
+    ]
 
 
 @pytest.mark.parametrize(

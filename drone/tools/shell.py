@@ -1,6 +1,10 @@
-"""``run_shell``: a command in the work directory, in its own process group.
+"""``run_shell``: a command in the work directory, sandboxed where the machine allows it.
 
-On abort the whole group gets SIGTERM, then SIGKILL after a short grace, so no child is orphaned.
+The command runs in its own process group, inside a bubblewrap sandbox (``Sandbox``) or, without
+one, in a PID namespace of its own where the machine allows it (``sandbox.unconfined()``), so
+everything it starts ends when it ends, when it is aborted and when the drone dies. On abort the
+whole group gets SIGTERM, then SIGKILL after a short grace. Its output is read in bounded chunks:
+the head and a short tail are kept, the rest is counted and dropped.
 """
 
 from __future__ import annotations
@@ -13,24 +17,53 @@ from pathlib import Path
 
 from hangar.shared.abort import AbortSignal, AbortTimeoutError
 
+from .capture import BoundedOutput, drain
 from .errors import ToolError
+from .sandbox import Sandbox, unconfined
 
 KILL_GRACE = 1.0
+LINGER = 0.5
+"""After the command's first process exits, how long its output may still arrive (a process
+that left its group and kept the pipe open, where there is no PID namespace to end it)."""
 MAX_OUTPUT_CHARS = 20_000
+TAIL_CHARS = 2_000
 
 
-async def run_shell(workdir: Path, command: str, signal: AbortSignal, seconds: float) -> str:
-    process = await asyncio.create_subprocess_shell(
-        command,
-        cwd=workdir,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so the group can be killed
-    )
+async def run_shell(
+    workdir: Path,
+    command: str,
+    signal: AbortSignal,
+    seconds: float,
+    *,
+    sandbox: Sandbox | None = None,
+    network: bool = False,
+) -> str:
+    """Run ``command`` with ``sh -c``; "exit code N\\n<output>". ``network`` applies in the
+    sandbox only (unconfined commands have the host's network)."""
+    # The first call probes the machine (a few ms of subprocesses): off the event loop.
+    place = sandbox if sandbox is not None else await asyncio.to_thread(unconfined)
+    argv = place.argv(workdir, command, network=network)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=workdir,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so the group can be killed
+        )
+    except OSError as error:
+        raise ToolError(f"The command could not be started: {error.strerror}.") from None
+    except ValueError:  # a NUL character: no argument can carry it
+        raise ToolError("The command contains a NUL character.") from None
+    assert process.stdout is not None
+    output = BoundedOutput(MAX_OUTPUT_CHARS - TAIL_CHARS, TAIL_CHARS)
+    reader = asyncio.ensure_future(drain(process.stdout, output))
     try:
         async with signal.scope(seconds):
-            output, _ = await process.communicate()
+            await process.wait()
+            _signal_group(process.pid, signals.SIGKILL)  # what it left in its group ends too
+            await asyncio.wait({reader}, timeout=LINGER)
     except AbortTimeoutError:
         await kill_group(process)
         signal.throw_if_aborted()  # the person's abort, not the command's own time limit
@@ -38,18 +71,26 @@ async def run_shell(workdir: Path, command: str, signal: AbortSignal, seconds: f
     except BaseException:
         await kill_group(process)
         raise
-    text = output.decode("utf-8", errors="replace")
-    if len(text) > MAX_OUTPUT_CHARS:
-        text = text[:MAX_OUTPUT_CHARS] + f"\n[… {len(text) - MAX_OUTPUT_CHARS} more characters]"
-    return f"exit code {process.returncode}\n{text}"
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await reader
+    return f"exit code {process.returncode}\n{output.text()}"
 
 
 async def kill_group(process: asyncio.subprocess.Process) -> None:
-    """TERM the process group, wait a grace for the leader, then KILL whatever is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signals.SIGTERM)
+    """TERM the process group, wait a grace for the leader, then KILL whatever is left.
+
+    Bounded: the abort never waits on the command longer than two graces.
+    """
+    _signal_group(process.pid, signals.SIGTERM)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(process.wait(), KILL_GRACE)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signals.SIGKILL)
-    await process.wait()
+    _signal_group(process.pid, signals.SIGKILL)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), KILL_GRACE)
+
+
+def _signal_group(pgid: int, signal: signals.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal)

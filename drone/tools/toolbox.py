@@ -8,17 +8,18 @@ its depth.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hangar.shared.abort import AbortError, AbortSignal, linked_controller
 from hangar.shared.protocol import ChatMessage, ToolCall
 
-from ..agent import Agent, Report, Tally
+from ..agent import Agent, Gate, Open, Report, Tally
 from ..providers import Provider, ToolSpec
 from . import fetch, files, shell
 from .errors import ToolError
+from .sandbox import Sandbox
 
 MAX_DEPTH = 3
 SHELL_SECONDS = 300.0
@@ -76,6 +77,14 @@ class Toolbox:
     """Where sub-agents' token usage adds up (the work order's)."""
     step_signal: AbortSignal | None = None
     """The work order's "stop after this step": sub-agents stop after theirs too."""
+    sandbox: Sandbox | None = None
+    """Where ``run_shell`` confines commands (``sandbox.detect_sandbox()``); None: unconfined."""
+    network: bool = False
+    """Whether sandboxed commands may use the network."""
+    allow_private_urls: bool = False
+    """Whether ``fetch_url`` may reach private, loopback and link-local addresses."""
+    gate: Gate = field(default_factory=Open)
+    """What each call passes first (approvals); sub-agents' calls pass it too."""
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -84,12 +93,9 @@ class Toolbox:
         return SPECS
 
     async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
-        """Run one call. A ``ToolError`` becomes an error result; ``AbortError`` propagates."""
-        try:
-            arguments = _arguments(call.arguments)
-            return await self._dispatch(call.name, arguments, signal)
-        except ToolError as error:
-            return f"Error: {error}"
+        """Run one call. A ``ToolError`` (the call failed; its message goes to the model) and
+        ``AbortError`` propagate."""
+        return await self._dispatch(call.name, _arguments(call.arguments), signal)
 
     async def _dispatch(self, name: str, args: dict[str, Any], signal: AbortSignal) -> str:
         signal.throw_if_aborted()
@@ -103,10 +109,17 @@ class Toolbox:
             )
         if name == "run_shell":
             return await shell.run_shell(
-                self.workdir, _text(args, "command"), signal, SHELL_SECONDS
+                self.workdir,
+                _text(args, "command"),
+                signal,
+                SHELL_SECONDS,
+                sandbox=self.sandbox,
+                network=self.network,
             )
         if name == "fetch_url":
-            return await fetch.fetch_url(_text(args, "url"), signal, FETCH_SECONDS)
+            return await fetch.fetch_url(
+                _text(args, "url"), signal, FETCH_SECONDS, allow_private=self.allow_private_urls
+            )
         if name == "spawn_subagent" and self.depth + 1 < MAX_DEPTH:
             return await self._spawn(_text(args, "task"), signal)
         raise ToolError(f"There is no tool named {name!r}.")
@@ -115,13 +128,12 @@ class Toolbox:
         child_depth = self.depth + 1
         child = Agent(
             self.provider,
-            Toolbox(
-                self.workdir, self.provider, self.report, child_depth, self.tally, self.step_signal
-            ),
+            replace(self, depth=child_depth),
             self.report,
             depth=child_depth,
             tally=self.tally,
             step_signal=self.step_signal,
+            gate=self.gate,
         )
         messages = [
             ChatMessage(role="system", content=SUBAGENT_PROMPT),

@@ -1,5 +1,6 @@
-"""Redis and PostgreSQL servers of a test's own, on loopback, for faults: killed, paused and
-restarted by their PID. The machine's shared servers are never touched."""
+"""Redis and PostgreSQL servers of their own, on loopback, for faults (the tests' and the chaos
+benchmark's): killed, paused and restarted by their PID. The machine's shared servers are never
+touched."""
 
 from __future__ import annotations
 

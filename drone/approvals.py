@@ -1,0 +1,89 @@
+"""A work order's tool calls that wait for a person: the gate the agent passes each call through.
+
+An ``ask`` call is reported ``waiting`` (with its arguments) and waits for the person's answer,
+which the relay brings (``approveToolCall``). Approve runs it; deny gives the model a result
+saying the person declined, and the loop goes on. "Always for this session" approves the tool
+for the rest of the work order (the relay remembers it for the session's next ones). An abort
+while waiting ends the wait at once: the call gets the cancelled result like any other. Nobody
+answering within ``timeout`` reads as declined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from hangar.shared.abort import AbortSignal, AbortTimeoutError
+from hangar.shared.protocol import NO_SUCH_CALL, ToolCall
+
+from .agent import Report
+from .tools.policy import ToolPolicy
+
+log = logging.getLogger("hangar.drone")
+
+APPROVAL_TIMEOUT = 600.0
+"""Seconds a tool call waits for a person before it counts as declined."""
+DECLINED = "The person declined this tool call; it did not run."
+
+
+def not_allowed(name: str) -> str:
+    return f"This drone does not allow the tool {name}; it did not run."
+
+
+def unanswered(seconds: float) -> str:
+    return f"Nobody approved this tool call within {seconds:g} s; it did not run."
+
+
+@dataclass
+class Waiting:
+    call: ToolCall
+    depth: int
+    answer: asyncio.Future[tuple[bool, bool]]
+
+
+@dataclass
+class Approvals:
+    """The gate of one work order (its sub-agents' calls included)."""
+
+    policy: ToolPolicy
+    timeout: float = APPROVAL_TIMEOUT
+    always: set[str] = field(default_factory=set)
+    """Tools approved for the rest of the session."""
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    """Calls waiting for an answer, by call id."""
+
+    async def verdict(
+        self, call: ToolCall, signal: AbortSignal, report: Report, depth: int
+    ) -> str | None:
+        """None to run the call; otherwise the result the model gets instead. Raises
+        ``AbortError`` if the work order is aborted while the call waits."""
+        rule = self.policy.rule(call.name)
+        if rule == "deny":
+            return not_allowed(call.name)
+        if rule == "allow" or call.name in self.always:
+            return None
+        answer: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
+        self.waiting[call.id] = Waiting(call, depth, answer)
+        try:
+            await report.tool(call, "waiting", depth)
+            async with signal.scope(self.timeout):
+                approve, always = await answer
+        except AbortTimeoutError:
+            if signal.aborted:
+                raise  # the work order's own deadline, not the wait's
+            log.info("tool call %s waited %g s: declined", call.id, self.timeout)
+            return unanswered(self.timeout)
+        finally:
+            self.waiting.pop(call.id, None)
+        if approve and always:
+            self.always.add(call.name)
+        return None if approve else DECLINED
+
+    def decide(self, call_id: str, approve: bool, always: bool) -> str | None:
+        """A person's answer; None once taken, else why not."""
+        waiting = self.waiting.get(call_id)
+        if waiting is None or waiting.answer.done():
+            return NO_SUCH_CALL
+        waiting.answer.set_result((approve, always))
+        return None

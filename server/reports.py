@@ -1,0 +1,210 @@
+"""What drones report on their turns: progress, finished messages, completions, and what they
+run when they (re)connect.
+
+A drone and the relay agree on what the drone runs at every connect: turns the relay ended
+while the drone was away or frozen are aborted on the drone, and turns the drone no longer runs
+end. A drone still streaming a turn that has ended is told to abort it. Text deltas say where
+they start in the turn's text, so text sent again after a reconnect is kept once; finished
+messages are numbered, so one sent again is stored once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import socketio
+
+from hangar.shared.protocol import (
+    ABORT_WORK_ORDER,
+    UNKNOWN_TURN,
+    WORK_ORDER_PROGRESS,
+    AbortOrder,
+    Completion,
+    EndReason,
+    MessageAdded,
+    TextDelta,
+    ToolActivity,
+    TurnStatus,
+)
+
+from .directory import DRONE_CALL_TIMEOUT
+from .limits import QuietLog
+from .live_state import DroneRoute, LiveTurn
+from .store import Ending
+
+if TYPE_CHECKING:
+    from .turns import TurnLifecycle
+
+log = logging.getLogger("hangar.relay")
+text_failures = QuietLog(log)
+
+TURN_ENDED_ALREADY = "The turn has already ended."
+NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
+
+
+class DroneReports:
+    def __init__(self, turns: TurnLifecycle) -> None:
+        self.turns = turns
+        self.store = turns.store
+        self.live_state = turns.live_state
+        self.directory = turns.directory
+        self.rooms = turns.rooms
+        self.reaper = turns.reaper
+        self.dispatcher = turns.dispatcher
+        self.metrics = turns.metrics
+        self.live = turns.live
+        self.zombies: dict[str, None] = {}
+        """Ended turns a drone was told to abort because it still streamed them (recent)."""
+
+    async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
+        """End every turn the drone runs now, without waiting for it."""
+        for turn in await self.store.processing_turns(drone_id=drone_id):
+            await self.turns.end_turn(turn.turn_id, ending)
+
+    async def drone_joined(self, route: DroneRoute, running: list[str]) -> list[str]:
+        """Register a drone and agree with it on what it runs (on every connect and reconnect).
+
+        Returns the turns the drone must abort: ones it runs that ended meanwhile (the relay
+        ended them while it was away or frozen) or whose abort was asked. A turn the store has
+        on it that it no longer runs (it restarted) ends now, unless its order may still be on
+        its way.
+        """
+        stored = {t.turn_id: t for t in await self.store.processing_turns(drone_id=route.drone_id)}
+        to_abort = [t for t in running if t not in stored or stored[t].abort_requested_by]
+        for turn_id in running:
+            self.reaper.forget(turn_id)
+        await self.directory.join(route)
+        recent = time.time() - DRONE_CALL_TIMEOUT
+        for turn in stored.values():
+            if turn.turn_id not in running and (turn.started_at or 0) < recent:
+                await self.turns.end_turn(turn.turn_id, NO_LONGER_RUN)
+        if to_abort:
+            log.info("drone=%s is told to abort %d turns", route.drone_id, len(to_abort))
+        self.dispatcher.wake()
+        return to_abort
+
+    async def abort_on_drone(self, route: DroneRoute, turn_ids: list[str]) -> None:
+        """Tell a drone to abort turns (after a reconnect: its zombies, and kept aborts)."""
+        for turn_id in turn_ids:
+            with contextlib.suppress(socketio.exceptions.SocketIOError):
+                await self.directory.call(
+                    ABORT_WORK_ORDER, AbortOrder(turn_id=turn_id).wire(), route
+                )
+
+    async def drone_left(self, route: DroneRoute) -> None:
+        """A drone's connection closed: its turns end unless it comes back in time."""
+        if await self.directory.leave(route):
+            for turn in await self.store.processing_turns(drone_id=route.drone_id):
+                self.reaper.watch_orphan(turn.turn_id, route.drone_id)
+        await self.directory.broadcast()
+
+    async def progress(
+        self, drone_id: str, event: TextDelta | MessageAdded | ToolActivity
+    ) -> dict[str, Any]:
+        live = await self._attach(drone_id, event.turn_id)
+        if isinstance(live, str):
+            self._stop_zombie(drone_id, event.turn_id, live)
+            return {"ok": False, "error": live}
+        self.metrics.progress_events.inc()
+        payload = event.wire()
+        payload["sessionId"] = live.session_id
+        if isinstance(event, TextDelta) and event.depth == 0:
+            text = self._new_text(live, event)
+            if not text:
+                return {"ok": True}  # sent again after a reconnect: the relay has it
+            payload["text"], payload["at"] = text, live.units
+            live.units += _utf16_length(text)
+            try:
+                payload["seq"] = await self.live_state.append_text(event.turn_id, text)
+            except Exception as error:  # Redis failing: browsers still see it; the store keeps
+                text_failures.warning(  # the messages' text
+                    "live text not kept turn=%s (%s: %s)",
+                    event.turn_id,
+                    type(error).__name__,
+                    str(error)[:200],
+                )
+        elif isinstance(event, MessageAdded) and not await self.store.add_message(
+            event.turn_id, event.message, event.number
+        ):
+            self.live.pop(event.turn_id, None)
+            return {"ok": False, "error": TURN_ENDED_ALREADY}
+        elif isinstance(event, ToolActivity):
+            # A call waiting for a person is kept, so a page opened now shows it too.
+            waiting = event.wire() if event.state == "waiting" else None
+            await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
+        await self.rooms.to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
+        return {"ok": True}
+
+    @staticmethod
+    def _new_text(live: LiveTurn, event: TextDelta) -> str:
+        """The part of a text delta the relay lacks (all of it from a drone that sends no
+        offset). A drone sends a turn's whole text again after a reconnect; a gap (the relay
+        lost what its live state held) is bridged, not waited for."""
+        text = event.text
+        if event.at is None:
+            live.said += len(text)
+        elif event.at <= live.said:
+            text = text[live.said - event.at :]
+            live.said = max(live.said, event.at + len(event.text))
+        else:
+            live.said = event.at + len(text)
+        return text
+
+    def _stop_zombie(self, drone_id: str, turn_id: str, why: str) -> None:
+        """A drone streaming a turn that has ended (the relay ended it while the drone was away
+        or frozen) is told to abort it, once."""
+        route = self.directory.here(drone_id)
+        if why != TURN_ENDED_ALREADY or route is None or turn_id in self.zombies:
+            return
+        self.zombies[turn_id] = None
+        while len(self.zombies) > 1000:
+            del self.zombies[next(iter(self.zombies))]
+        log.info("drone=%s still runs ended turn=%s: told to abort it", drone_id, turn_id)
+        self.dispatcher.background.spawn(self.abort_on_drone(route, [turn_id]))
+
+    async def complete(self, drone_id: str, completion: Completion) -> dict[str, Any]:
+        live = await self._attach(drone_id, completion.turn_id)
+        if isinstance(live, str):
+            log.info("completion ignored turn=%s: %s", completion.turn_id, live)
+            return {"ok": False, "error": live}
+        status = completion.status
+        reason: EndReason = (
+            completion.ending.reason if completion.ending is not None else _reason_of(status)
+        )
+        by = self.turns.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
+        usage = completion.ending.usage if completion.ending is not None else None
+        ending = Ending(status, completion.message, reason, ended_by=by, usage=usage)
+        await self.turns.end_turn(completion.turn_id, ending)
+        return {"ok": True}
+
+    async def _attach(self, drone_id: str, turn_id: str) -> LiveTurn | str:
+        """The live turn the drone may report on, or why it may not."""
+        live = self.live.get(turn_id)
+        if live is not None:
+            return live if live.drone_id == drone_id else UNKNOWN_TURN
+        turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is None or turn.drone_id != drone_id:
+            return UNKNOWN_TURN
+        if turn.status != "processing":
+            return TURN_ENDED_ALREADY
+        if turn_id in self.live:
+            return self.live[turn_id]
+        text, _ = await self.live_state.text(turn_id)
+        live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
+        live.said, live.units = len(text), _utf16_length(text)
+        return self.live.setdefault(turn_id, live)
+
+
+def _utf16_length(text: str) -> int:
+    """The length JavaScript gives ``text`` (characters past U+FFFF count twice)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _reason_of(status: TurnStatus) -> EndReason:
+    """Why a turn ended, for a drone that does not say."""
+    if status == "finished":
+        return "finished"
+    return "aborted" if status == "aborted" else "drone_failed"

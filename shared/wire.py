@@ -1,0 +1,95 @@
+"""The base types of every payload: turn statuses and end reasons, the ``Wire`` model (camelCase,
+unknown keys refused), chat messages and tool calls, token usage and a turn's ending.
+
+``hangar.shared.protocol`` re-exports all of them; import them from there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+TurnStatus = Literal["queued", "processing", "finished", "aborted", "error"]
+TERMINAL_STATUSES: tuple[TurnStatus, ...] = ("finished", "aborted", "error")
+
+EndReason = Literal[
+    "finished",
+    "aborted",
+    "operator",
+    "shutdown",
+    "unanswered",
+    "deadline",
+    "stalled",
+    "model_failed",
+    "drone_lost",
+    "relay_restarted",
+    "drone_failed",
+]
+"""Why a turn ended: finished; aborted by a person (``by`` says who), by the drone's operator
+(Ctrl-C), by a shutdown, or by the relay after the drone did not answer an abort (all four end
+``aborted``); timed out (its deadline), the model service stalled or failed, the drone was lost,
+the relay restarted, or the drone could not run it (all end ``error``)."""
+ABORT_REASONS: tuple[EndReason, ...] = ("aborted", "operator", "shutdown", "unanswered")
+
+
+def status_of(reason: EndReason) -> TurnStatus:
+    """The status a turn ending for ``reason`` has."""
+    if reason == "finished":
+        return "finished"
+    return "aborted" if reason in ABORT_REASONS else "error"
+
+
+class Wire(BaseModel):
+    """Base of every payload: camelCase on the wire, unknown keys refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=False
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict to emit."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class ToolCall(Wire):
+    id: Id
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str = Field(default="{}", max_length=1_000_000)
+    """The arguments as the model produced them: a JSON object in a string."""
+
+
+class ChatMessage(Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(default="", max_length=10_000_000)
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Id | None = None
+    name: str | None = None
+    aborted: bool | None = None
+    """Set on an assistant message cut short by an abort: its content is partial."""
+
+
+class Usage(Wire):
+    """Tokens a turn used; ``estimated`` when the service did not say (an aborted stream)."""
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    estimated: bool = False
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+class Ending(Wire):
+    """The optional fourth argument of a drone's ``workOrderComplete``: why, and the usage."""
+
+    reason: EndReason
+    usage: Usage | None = None

@@ -1,0 +1,302 @@
+"""Tool calls that wait for a person: approve, deny, always, abort while waiting, nobody answers,
+across relays, and a drone with no sandbox, against real relays, drones and the OpenAI peer."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.approvals import DECLINED, not_allowed, unanswered
+from hangar.drone.tools.policy import ToolPolicy
+from hangar.server.accounts import Accounts
+from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.turns import OWNER_APPROVES
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    ABORTED,
+    NO_SUCH_CALL,
+    TOOL_CANCELLED,
+    UNKNOWN_TURN,
+)
+from tests.conftest import Browser, People, RelayHandle, Upstream, eventually
+
+Start = Callable[..., Any]
+
+
+def shell(command: str) -> Reply:
+    return Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": command})])
+
+
+async def waiting_call(browser: Browser, turn_id: str, timeout: float = 10) -> dict[str, Any]:
+    found = await eventually(
+        lambda: [p for p in browser.progress(turn_id, "tool") if p["state"] == "waiting"],
+        timeout,
+        "a tool call waiting for approval",
+    )
+    call: dict[str, Any] = found[-1]
+    return call
+
+
+def states(browser: Browser, turn_id: str) -> list[str]:
+    return [p["state"] for p in browser.progress(turn_id, "tool")]
+
+
+async def answer(
+    browser: Browser, turn_id: str, call_id: str, approve: bool, always: bool = False
+) -> dict[str, Any]:
+    payload = {"turnId": turn_id, "callId": call_id, "approve": approve, "always": always}
+    result: dict[str, Any] = await browser.call("approveToolCall", payload)
+    return result
+
+
+async def asking_drone(start_drone: Start, peer: OpenAIPeer, workdir: Path, **settings: Any) -> Any:
+    return await start_drone(
+        Upstream("openai", peer),
+        workdir=str(workdir),
+        tools=ToolPolicy.parse("run_shell=ask,write_file=ask"),
+        **settings,
+    )
+
+
+async def test_an_asked_command_waits_and_runs_once_approved(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("echo approved > out.txt"), Reply(chunks=["Done."]))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    turn_id = (await browser.submit("Write the file"))["turnId"]
+
+    call = await waiting_call(browser, turn_id)
+    assert call["name"] == "run_shell" and "echo approved" in call["arguments"]
+    assert not (tmp_path / "out.txt").exists()  # nothing runs before the person says so
+    assert len(openai_peer.requests) == 1
+
+    assert await answer(browser, turn_id, call["callId"], approve=True) == {"ok": True}
+    assert await browser.completion(turn_id) == (turn_id, True, "Done.")
+    assert (tmp_path / "out.txt").read_text() == "approved\n"
+    assert states(browser, turn_id) == ["waiting", "start", "end"]
+    assert await answer(browser, turn_id, call["callId"], approve=True) == {
+        "ok": False,
+        "error": NO_SUCH_CALL,
+    }
+
+
+async def test_a_declined_call_gives_the_model_a_declined_result_and_the_loop_goes_on(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("touch nope"), Reply(chunks=["Understood."]))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    turn_id = (await browser.submit("Try something"))["turnId"]
+    call = await waiting_call(browser, turn_id)
+
+    assert await answer(browser, turn_id, call["callId"], approve=False) == {"ok": True}
+
+    assert await browser.completion(turn_id) == (turn_id, True, "Understood.")
+    assert not (tmp_path / "nope").exists()
+    assert states(browser, turn_id) == ["waiting", "declined"]
+    last = openai_peer.requests[-1].messages[-1]
+    assert (last["role"], last["content"]) == ("tool", DECLINED)
+
+
+async def test_always_for_this_session_runs_the_tool_again_without_asking(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(
+        shell("echo one >> log.txt"),
+        shell("echo two >> log.txt"),
+        Reply(chunks=["Twice."]),
+        shell("echo three >> log.txt"),
+        Reply(chunks=["Again."]),
+    )
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    first = await browser.submit("Log twice")
+    call = await waiting_call(browser, first["turnId"])
+    await answer(browser, first["turnId"], call["callId"], approve=True, always=True)
+    assert (await browser.completion(first["turnId"]))[2] == "Twice."
+
+    second = await browser.submit("Log again", sessionId=first["sessionId"])
+    assert (await browser.completion(second["turnId"]))[2] == "Again."
+
+    assert (tmp_path / "log.txt").read_text().split() == ["one", "two", "three"]
+    assert states(browser, first["turnId"]) == ["waiting", "start", "end", "start", "end"]
+    assert states(browser, second["turnId"]) == ["start", "end"]
+    openai_peer.script(shell("echo four >> log.txt"))
+    other = await browser.submit("In another session")  # "always" was for that session only
+    await waiting_call(browser, other["turnId"])
+    assert await browser.abort(other["turnId"]) == (True, ABORT_SIGNALED)
+
+
+async def test_an_abort_while_a_call_waits_ends_the_turn_at_once_with_a_valid_history(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("touch never"))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    ack = await browser.submit("Wait for me")
+    call = await waiting_call(browser, ack["turnId"])
+
+    assert await browser.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, ABORTED)
+
+    assert states(browser, ack["turnId"]) == ["waiting", "cancelled"]
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None
+    assert [(m.role, m.content) for m in turn.messages] == [
+        ("user", "Wait for me"),
+        ("assistant", ""),
+        ("tool", TOOL_CANCELLED),
+    ]
+    assert turn.messages[2].tool_call_id == call["callId"]
+    assert not (tmp_path / "never").exists()
+    openai_peer.script(Reply(chunks=["Fine."]))
+    next_turn = await browser.submit("Go on", sessionId=ack["sessionId"])
+    assert (await browser.completion(next_turn["turnId"]))[2] == "Fine."
+    assert not [r for r in openai_peer.requests if r.rejected]
+
+
+async def test_a_call_nobody_answers_is_declined_after_the_wait(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("touch late"), Reply(chunks=["Moving on."]))
+    await asking_drone(start_drone, openai_peer, tmp_path, approval_timeout=0.5)
+    turn_id = (await browser.submit("Nobody is there"))["turnId"]
+
+    assert await browser.completion(turn_id) == (turn_id, True, "Moving on.")
+    declined = browser.progress(turn_id, "tool")[-1]
+    assert (declined["state"], declined["result"]) == ("declined", unanswered(0.5))
+    assert not (tmp_path / "late").exists()
+
+
+async def test_a_denied_tool_is_refused_without_asking(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("touch denied"), Reply(chunks=["Ok."]))
+    await start_drone(
+        Upstream("openai", openai_peer),
+        workdir=str(tmp_path),
+        tools=ToolPolicy.parse("run_shell=deny"),
+    )
+    turn_id = (await browser.submit("Run it"))["turnId"]
+
+    assert await browser.completion(turn_id) == (turn_id, True, "Ok.")
+    assert states(browser, turn_id) == ["declined"]
+    assert browser.progress(turn_id, "tool")[0]["result"] == not_allowed("run_shell")
+
+
+async def test_only_the_person_whose_turn_it_is_answers_and_a_page_opened_now_shows_the_call(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browsers: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(shell("touch mine"), Reply(chunks=["Mine."]))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    owner: Browser = await browsers("ada")
+    ack = await owner.submit("Mine to approve")
+    call = await waiting_call(owner, ack["turnId"])
+
+    stranger: Browser = await browsers("bob")
+    assert await answer(stranger, ack["turnId"], call["callId"], True) == {
+        "ok": False,
+        "error": UNKNOWN_TURN,
+    }
+    await relay.people.token("root", role="admin")
+    admin: Browser = await browsers("root")
+    assert await answer(admin, ack["turnId"], call["callId"], True) == {
+        "ok": False,
+        "error": OWNER_APPROVES,
+    }
+    second_tab: Browser = await browsers("ada")
+    snapshot = await second_tab.call("openSession", {"sessionId": ack["sessionId"]})
+    [turn] = snapshot["turns"]
+    assert [(c["callId"], c["state"]) for c in turn["waiting"]] == [(call["callId"], "waiting")]
+
+    assert await answer(second_tab, ack["turnId"], call["callId"], True) == {"ok": True}
+    assert (await owner.completion(ack["turnId"]))[2] == "Mine."
+    assert not (await second_tab.call("openSession", {"sessionId": ack["sessionId"]}))["turns"][0][
+        "waiting"
+    ]
+
+
+async def test_an_approval_given_on_one_relay_reaches_a_drone_on_another(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    tmp_path: Path,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.script(shell("echo crossed > crossed.txt"), Reply(chunks=["Crossed."]))
+    drone_process(Upstream("openai", openai_peer), server=a.url, tools="run_shell=ask")
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Across relays"))["turnId"]
+        call = await waiting_call(browser, turn_id, timeout=15)
+
+        assert await answer(browser, turn_id, call["callId"], approve=True) == {"ok": True}
+        assert await browser.completion(turn_id, timeout=15) == (turn_id, True, "Crossed.")
+        assert (tmp_path / "crossed.txt").read_text() == "crossed\n"
+    finally:
+        await browser.close()
+        await store.close()
+
+
+async def test_a_drone_with_no_sandbox_says_so_and_always_asks_before_a_command(
+    relay: RelayHandle,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    # Only the virtualenv's programs on the PATH: bubblewrap cannot be found.
+    path = str(Path(sys.executable).parent)
+    assert shutil.which("bwrap", path=path) is None
+    openai_peer.script(shell("echo unconfined"), Reply(chunks=["Asked."]))
+    drone_process(
+        Upstream("openai", openai_peer), server=relay.url, tools="all=allow", env={"PATH": path}
+    )
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Run a command"))["turnId"]
+
+    call = await waiting_call(browser, turn_id)
+    assert await answer(browser, turn_id, call["callId"], approve=True) == {"ok": True}
+    assert await browser.completion(turn_id) == (turn_id, True, "Asked.")
+    log = (tmp_path / "proc-drone-0.log").read_text()
+    lines = [line for line in log.splitlines() if "No sandbox available" in line]
+    assert len(lines) == 1 and "bubblewrap not found" in lines[0], log
+
+
+async def _drones(browser: Browser) -> list[Any]:
+    answer = await browser.call("listDrones", {})
+    drones: list[Any] = answer["drones"]
+    return drones

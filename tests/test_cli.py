@@ -1,0 +1,528 @@
+"""The ``hangar`` command as a person meets it: one clear line for every bad value, help that
+always works, ``--log-level`` anywhere, a drone that waits for its relay, quiet logs and quiet
+stops. Every test runs the real command in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.server.access import LOGIN_COOKIE
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from tests.conftest import DRONE_TOKEN, HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without Hangar's, OpenAI's or Ollama's settings, plus ``extra``."""
+    prefixes = ("HANGAR_", "OPENAI_", "OLLAMA_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)} | extra
+
+
+async def hangar(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> tuple[int, str, str]:
+    """Run ``hangar ARGS`` to its end: exit code, stdout, stderr."""
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, *args, cwd=cwd, env=clean_env(**(env or {})),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def start(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """Start ``hangar ARGS`` with its stdout and stderr readable."""
+    return await asyncio.create_subprocess_exec(
+        *HANGAR, *args, cwd=ROOT, env=clean_env(**(env or {})),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def lines_until(
+    stream: asyncio.StreamReader | None, wanted: Callable[[str], bool], timeout: float = 20
+) -> list[str]:
+    """Read lines from ``stream`` up to and including the first one ``wanted`` accepts."""
+    assert stream is not None
+    seen: list[str] = []
+    async with asyncio.timeout(timeout):
+        while not seen or not wanted(seen[-1]):
+            line = await stream.readline()
+            assert line, f"the output ended before the line waited for: {seen}"
+            seen.append(line.decode().rstrip("\n"))
+    return seen
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def loud_lines(text: str) -> list[str]:
+    """Log lines at WARNING or above, and any traceback."""
+    return [
+        line
+        for line in text.splitlines()
+        if re.search(r" (WARNING|ERROR|CRITICAL) ", line) or "Traceback" in line
+    ]
+
+
+NO_DIR = "/nonexistent/hangar-work"
+URLS = "expected relay URLs starting with http:// or https://, separated by commas"
+SECONDS = "expected a number of seconds, 0 or more"
+LEVELS = "expected one of debug, info, warning, error, critical"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (["drone", "--server", "relay:8080"], {},
+         f"hangar drone: --server: {URLS}, got 'relay:8080'."),
+        (["drone"], {"HANGAR_SERVER": "http://a:8080,b:8080"},
+         f"hangar drone: HANGAR_SERVER (for --server): {URLS}, got 'b:8080'."),
+        (["drone", "--base-url", "localhost:11434/v1"], {},
+         "hangar drone: --base-url: expected a URL starting with http:// or https://, "
+         "got 'localhost:11434/v1'."),
+        (["drone"], {"OPENAI_BASE_URL": "http://"},
+         "hangar drone: OPENAI_BASE_URL (for --base-url): expected a host in the URL, "
+         "got 'http://'."),
+        (["drone", "--ollama-host", "ftp://ollama"], {},
+         "hangar drone: --ollama-host: expected a URL starting with http:// or https://, "
+         "or host:port, got 'ftp://ollama'."),
+        (["serve", "--redis", "cache:6379"], {},
+         "hangar serve: --redis: expected a URL starting with redis://, rediss:// or unix://, "
+         "got 'cache:6379'."),
+        (["demo"], {"HANGAR_REDIS": "redis://cache:port"},
+         "hangar demo: HANGAR_REDIS (for --redis): expected a port number in the URL, "
+         "got 'redis://cache:port'."),
+        (["serve", "--database", "mysql://db/hangar"], {},
+         "hangar serve: --database: expected a SQLite file or a postgresql:// URL, "
+         "got 'mysql://db/hangar'."),
+        (["serve"], {"HANGAR_DATABASE": f"{NO_DIR}/hangar.db"},
+         f"hangar serve: HANGAR_DATABASE (for --database): there is no folder '{NO_DIR}' "
+         f"for the SQLite file '{NO_DIR}/hangar.db'."),
+        (["serve", "--port", "http"], {},
+         "hangar serve: --port: expected a port number from 0 to 65535, got 'http'."),
+        (["demo"], {"HANGAR_PORT": "70000"},
+         "hangar demo: HANGAR_PORT (for --port): expected a port number from 0 to 65535, "
+         "got '70000'."),
+        (["drone", "--concurrency", "0"], {},
+         "hangar drone: --concurrency: expected a whole number from 1 to 1024, got '0'."),
+        (["drone"], {"HANGAR_CONCURRENCY": "two"},
+         "hangar drone: HANGAR_CONCURRENCY (for --concurrency): expected a whole number "
+         "from 1 to 1024, got 'two'."),
+        (["serve", "--abort-grace", "soon"], {},
+         f"hangar serve: --abort-grace: {SECONDS}, got 'soon'."),
+        (["serve"], {"HANGAR_DRONE_GRACE": "-1"},
+         f"hangar serve: HANGAR_DRONE_GRACE (for --drone-grace): {SECONDS}, got '-1'."),
+        (["drone", "--deadline", "nan"], {},
+         f"hangar drone: --deadline: {SECONDS}, got 'nan'."),
+        (["drone"], {"HANGAR_DEADLINE": "inf"},
+         f"hangar drone: HANGAR_DEADLINE (for --deadline): {SECONDS}, got 'inf'."),
+        (["drone", "--workdir", NO_DIR], {},
+         f"hangar drone: --workdir: there is no directory '{NO_DIR}'."),
+        (["drone", "--workdir", "pyproject.toml"], {},
+         "hangar drone: --workdir: 'pyproject.toml' is not a directory."),
+        (["demo"], {"HANGAR_WORKDIR": NO_DIR},
+         f"hangar demo: HANGAR_WORKDIR (for --workdir): there is no directory '{NO_DIR}'."),
+        (["--log-level", "loud", "serve"], {},
+         f"hangar: --log-level: {LEVELS}, got 'loud'."),
+        (["drone", "--log-level", "loud"], {},
+         f"hangar drone: --log-level: {LEVELS}, got 'loud'."),
+        (["user", "list"], {"HANGAR_LOG_LEVEL": "loud"},
+         f"hangar: HANGAR_LOG_LEVEL (for --log-level): {LEVELS}, got 'loud'."),
+    ],
+    ids=[
+        "server-without-scheme", "server-env-list", "base-url-without-scheme",
+        "base-url-env-without-host", "ollama-host-scheme", "redis-without-scheme",
+        "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
+        "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
+        "deadline-env", "workdir-missing", "workdir-a-file", "demo-workdir-env",
+        "log-level-before", "log-level-after", "log-level-env",
+    ],
+)  # fmt: skip
+async def test_a_bad_value_is_one_line_naming_it_with_exit_code_2(
+    args: list[str], env: dict[str, str], line: str
+) -> None:
+    code, stdout, stderr = await hangar(*args, env=env)
+
+    assert (code, stdout) == (2, "")
+    assert stderr.splitlines() == [line]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["serve", "--help"], ["demo", "--help"], ["drone", "--help"],
+     ["user", "add", "--help"]],
+    ids=["hangar", "serve", "demo", "drone", "user-add"],
+)  # fmt: skip
+async def test_help_works_whatever_the_environment_holds(args: list[str]) -> None:
+    bad = {
+        name: "bad"
+        for name in (
+            "HANGAR_PORT", "HANGAR_LOG_LEVEL", "HANGAR_CONCURRENCY", "HANGAR_DEADLINE",
+            "HANGAR_ABORT_GRACE", "HANGAR_DRONE_GRACE", "HANGAR_SERVER", "HANGAR_WORKDIR",
+            "HANGAR_REDIS", "HANGAR_BASE_URL", "OLLAMA_HOST",
+        )
+    }  # fmt: skip
+
+    code, stdout, stderr = await hangar(*args, env=bad)
+
+    assert (code, stderr) == (0, "")
+    assert stdout.startswith("usage: hangar")
+
+
+async def test_a_bad_variable_is_reported_only_by_a_command_that_uses_it() -> None:
+    code, _, stderr = await hangar(
+        "drone", env={"HANGAR_PORT": "abc", "HANGAR_ABORT_GRACE": "later"}
+    )
+
+    assert code == 2
+    assert stderr.splitlines() == [
+        "hangar drone: a drone token is required (--token or HANGAR_DRONE_TOKEN)."
+    ]
+
+
+def waiting_drone_args(port: int) -> list[str]:
+    return [
+        "drone", "--server", f"http://127.0.0.1:{port}", "--token", DRONE_TOKEN,
+        "--base-url", "http://127.0.0.1:9/v1", "--api-key", "k", "--workdir", str(ROOT),
+    ]  # fmt: skip
+
+
+def not_up_yet(port: int, delay: int = 1) -> Callable[[str], bool]:
+    said = f"WARNING hangar.drone relay http://127.0.0.1:{port} is not up yet; trying again in "
+    return lambda line: line.endswith(f"{said}{delay} s")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "env"),
+    [
+        (["--log-level", "debug"], [], {}),
+        ([], ["--log-level", "DEBUG"], {}),
+        ([], [], {"HANGAR_LOG_LEVEL": "debug"}),
+        (["--log-level", "error"], ["--log-level", "debug"], {"HANGAR_LOG_LEVEL": "error"}),
+    ],
+    ids=["before-the-subcommand", "after-it", "from-the-environment", "after-wins"],
+)
+async def test_the_log_level_is_taken_before_or_after_the_subcommand_or_from_the_environment(
+    before: list[str], after: list[str], env: dict[str, str]
+) -> None:
+    port = free_port()
+    drone = await start(*before, *waiting_drone_args(port), *after, env=env)
+    try:
+        lines = await lines_until(drone.stderr, not_up_yet(port))
+    finally:
+        drone.send_signal(signal.SIGINT)
+        await asyncio.wait_for(drone.wait(), 10)
+
+    assert any(" DEBUG " in line for line in lines), lines
+    assert drone.returncode == 0
+
+
+async def test_a_drone_started_before_its_relay_waits_and_connects_when_it_comes_up(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    drone = await start(*waiting_drone_args(port))
+    try:
+        await lines_until(drone.stderr, not_up_yet(port, delay=1))
+        config = RelayConfig(
+            port=port, database=str(tmp_path / "relay.db"), drone_token=DRONE_TOKEN
+        )
+        runner, _ = await start_relay(config)
+        try:
+            url = f"http://127.0.0.1:{port}/healthz"
+
+            async def drones_online() -> int:
+                async with aiohttp.ClientSession() as http, http.get(url) as health:
+                    count: int = (await health.json())["drones"]
+                    return count
+
+            assert await eventually(drones_online, timeout=15, what="the drone") == 1
+            assert runner.app[RELAY].directory.local
+        finally:
+            drone.send_signal(signal.SIGINT)
+            await asyncio.wait_for(drone.wait(), 10)
+            await runner.cleanup()
+    finally:
+        if drone.returncode is None:
+            drone.kill()
+            await drone.wait()
+    assert drone.stderr is not None
+    rest = (await drone.stderr.read()).decode()
+    assert f"INFO hangar.drone connected to relay http://127.0.0.1:{port}" in rest
+    assert drone.returncode == 0
+
+
+async def test_ctrl_c_stops_a_drone_waiting_for_its_relay_at_once() -> None:
+    port = free_port()
+    drone = await start(*waiting_drone_args(port))
+    # The third attempt waits 3 s: an exit well within that did not sit the wait out.
+    lines = await lines_until(drone.stderr, not_up_yet(port, delay=3))
+
+    drone.send_signal(signal.SIGINT)
+
+    assert await asyncio.wait_for(drone.wait(), 2) == 0
+    assert [line.rsplit(" in ", 1)[1] for line in lines if "not up yet" in line] == [
+        "1 s",
+        "2 s",
+        "3 s",
+    ]
+
+
+async def test_a_work_order_at_info_logs_no_request_lines(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(Reply(chunks=["one ", "answer"]))
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url, name="quiet")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+
+    ack = await browser.submit("Say something")
+    assert (await browser.completion(ack["turnId"]))[1:] == (True, "one answer")
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(process.wait, 10) == 0
+
+    log = (tmp_path / "quiet-0.log").read_text()
+    assert "accepted=True" in log  # the drone's own INFO lines are there
+    assert "HTTP Request" not in log
+
+
+async def test_ctrl_c_stops_a_drone_with_no_warning(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url, name="calm")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+
+    process.send_signal(signal.SIGINT)
+
+    assert await asyncio.to_thread(process.wait, 10) == 0
+    log = (tmp_path / "calm-0.log").read_text()
+    assert "connected to relay" in log
+    assert loud_lines(log) == []
+
+
+async def test_log_lines_in_a_terminal_are_written_above_the_status_line_never_on_it(
+    relay: RelayHandle, openai_peer: OpenAIPeer, browser: Browser, tmp_path: Path
+) -> None:
+    openai_peer.script(Reply(chunks=["a", "b", "c"]))
+    leader, follower = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "drone", "--server", relay.url, "--token", DRONE_TOKEN, "--workdir",
+        str(tmp_path), "--base-url", openai_peer.base_url + "/v1", "--api-key", "k",
+        cwd=ROOT, env=clean_env(), stdin=follower, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    screen = ""
+
+    async def read_until(text: str) -> None:
+        nonlocal screen
+        while text not in screen:
+            chunk = await asyncio.wait_for(asyncio.to_thread(os.read, leader, 4096), 15)
+            screen += chunk.decode(errors="replace")
+
+    try:
+        await read_until("chunks streamed")
+        ack = await browser.submit("Hello")
+        await browser.completion(ack["turnId"])
+        await read_until("3 chunks streamed")
+    finally:
+        process.send_signal(signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 10)
+        os.close(leader)
+
+    # Each stretch between two "clear the line" sequences is the status line, or log lines
+    # (each ending its own line) followed by the status line drawn again.
+    stretches = screen.split("\r\x1b[K")
+    logged = [s for s in stretches if "\n" in s]
+    assert any("work order turn=" in s for s in logged)
+    assert [s for s in logged if not re.match(r"\d{4}-\d\d-\d\d ", s)] == []
+    assert process.returncode == 0
+
+
+TRANSPORT_NOTE = """
+import logging, sys
+import socketio
+from hangar.shared.cli import configure_logging
+configure_logging(sys.argv[1])
+client = socketio.AsyncClient()  # as the drone makes its own: after the logging is set up
+logging.getLogger("engineio.client").error("packet queue is empty, aborting")
+"""
+
+
+@pytest.mark.parametrize(
+    ("level", "shown"),
+    [("INFO", []), ("DEBUG", ["DEBUG engineio.client packet queue is empty, aborting"])],
+    ids=["info", "debug"],
+)
+async def test_socketio_notes_about_a_connection_are_debug_lines_not_errors(
+    level: str, shown: list[str]
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", TRANSPORT_NOTE, level, cwd=ROOT, env=clean_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), 30)
+
+    assert process.returncode == 0
+    assert [line.split(" ", 2)[2] for line in stderr.decode().splitlines()] == shown
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_stopping_a_relay_logs_no_warning(
+    tmp_path: Path, openai_peer: OpenAIPeer, signum: signal.Signals
+) -> None:
+    relay = await start(
+        "serve", "--port", "0", "--database", str(tmp_path / "relay.db"),
+        "--drone-token", DRONE_TOKEN,
+    )  # fmt: skip
+    (line,) = await lines_until(relay.stdout, lambda line: "listening on" in line)
+    url = line.rsplit(" ", 1)[1].rstrip("/")
+    drone = await start(
+        "drone", "--server", url, "--token", DRONE_TOKEN, "--workdir", str(tmp_path),
+        "--base-url", openai_peer.base_url + "/v1", "--api-key", "k",
+    )  # fmt: skip
+    try:
+        await lines_until(relay.stderr, lambda line: "drone online" in line)
+        drone.send_signal(signal.SIGINT)
+        await asyncio.wait_for(drone.wait(), 10)
+        await lines_until(relay.stderr, lambda line: "drone offline" in line)
+
+        relay.send_signal(signum)
+
+        _, rest = await asyncio.wait_for(relay.communicate(), 10)
+    finally:
+        for process in (drone, relay):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert relay.returncode == 0
+    assert loud_lines(rest.decode()) == []
+
+
+@pytest.fixture
+async def demo_peer() -> AsyncIterator[OpenAIPeer]:
+    """An OpenAI peer the demo's drone talks to (through OPENAI_BASE_URL)."""
+    async with OpenAIPeer() as peer:
+        yield peer
+
+
+async def run_demo(
+    peer: OpenAIPeer, tmp_path: Path, *args: str, cwd: Path | None = None
+) -> tuple[asyncio.subprocess.Process, str, Browser]:
+    """Start ``hangar demo`` on the peer; its page's URL and a logged-in browser."""
+    env = clean_env(OPENAI_API_KEY="k", OPENAI_BASE_URL=peer.base_url + "/v1")
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"), *args,
+        cwd=cwd or tmp_path, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    lines = await lines_until(process.stdout, lambda line: line.startswith("Its tools work in"))
+    url = re.search(r"open (http://\S+)/ in your browser", "\n".join(lines))
+    assert url, lines
+    async with aiohttp.ClientSession() as http, http.get(url.group(1)) as page:
+        login = page.cookies[LOGIN_COOKIE].value
+    browser = await Browser(url.group(1), login=login).connect()
+    return process, lines[-1], browser
+
+
+async def stop_demo(process: asyncio.subprocess.Process, browser: Browser) -> str:
+    """Ctrl-C the demo; returns what it wrote on stderr."""
+    await browser.close()
+    process.send_signal(signal.SIGINT)
+    _, stderr = await asyncio.wait_for(process.communicate(), 30)
+    return stderr.decode()
+
+
+def in_system_temp_folder(path: Path) -> bool:
+    return path.parent.resolve() == Path(tempfile.gettempdir()).resolve()
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+def tool_results(peer: OpenAIPeer) -> list[Any]:
+    return [m["content"] for r in peer.requests for m in r.messages if m["role"] == "tool"]
+
+
+async def test_the_demo_drone_works_in_the_folder_given(
+    demo_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "marker.txt").write_text("here")
+    demo_peer.script(
+        Reply(tool_calls=[ScriptedToolCall("list_directory", {"path": "."})]),
+        Reply(chunks=["Listed."]),
+    )
+    process, where, browser = await run_demo(demo_peer, tmp_path, "--workdir", str(work))
+    try:
+        ack = await browser.submit("What is in the folder?")
+        assert (await browser.completion(ack["turnId"], timeout=30))[1] is True
+    finally:
+        stderr = await stop_demo(process, browser)
+
+    assert where == f"Its tools work in {work}."
+    assert any("marker.txt" in str(result) for result in tool_results(demo_peer))
+    assert process.returncode == 0
+    assert loud_lines(stderr) == []
+
+
+async def test_the_demo_drone_works_in_a_fresh_folder_removed_when_the_demo_stops(
+    demo_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    demo_peer.script(
+        Reply(tool_calls=[ScriptedToolCall("write_file", {"path": "n.txt", "content": "hi"})]),
+        Reply(chunks=["Written."]),
+    )
+    process, where, browser = await run_demo(demo_peer, tmp_path, cwd=checkout)
+    try:
+        found = re.fullmatch(r"Its tools work in (\S+) \(removed when the demo stops\)\.", where)
+        assert found, where
+        scratch = Path(found.group(1))
+        assert in_system_temp_folder(scratch)
+        ack = await browser.submit("Write a note")
+        # The demo's drone keeps the default policy: a write waits for the person.
+        waiting = await eventually(
+            lambda: [p for p in browser.progress(ack["turnId"], "tool") if p["state"] == "waiting"],
+            30,
+            "the write to wait for approval",
+        )
+        answer = {"turnId": ack["turnId"], "callId": waiting[0]["callId"], "approve": True}
+        assert await browser.call("approveToolCall", answer) == {"ok": True}
+        assert (await browser.completion(ack["turnId"], timeout=30))[1] is True
+        assert (scratch / "n.txt").read_text() == "hi"
+    finally:
+        stderr = await stop_demo(process, browser)
+
+    assert not exists(scratch)
+    assert list(checkout.iterdir()) == []
+    assert process.returncode == 0
+    assert loud_lines(stderr) == []

@@ -1,0 +1,526 @@
+"""Faults, for real: frozen and killed drones, relays that die or restart, Redis and PostgreSQL
+that stall or crash. Whatever fails, every turn ends exactly once, within a stated bound, with
+its text and a history the model service accepts. Redis and PostgreSQL servers that must die
+are the test's own (``bench/services.py``); the machine's shared ones are never touched."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from bench.services import OwnPostgres, OwnRedis, free_port
+from hangar.server.accounts import Accounts
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.sqlite_store import SqliteTurnStore
+from hangar.server.store import TurnRecord, TurnStore
+from hangar.shared.protocol import ABORT_SIGNALED, ABORTED, TOOL_CANCELLED, TOOL_LOST
+from tests.conftest import (
+    DRONE_TOKEN,
+    HANGAR,
+    Browser,
+    People,
+    RelayHandle,
+    Upstream,
+    eventually,
+)
+
+SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
+Start = Callable[..., Any]
+
+
+def reply_text(reply: Reply) -> str:
+    return "".join(reply.chunks)
+
+
+async def stored(store: TurnStore, turn_id: str) -> TurnRecord:
+    turn = await store.get_turn(turn_id)
+    assert turn is not None
+    return turn
+
+
+def roles(turn: TurnRecord) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in turn.messages]
+
+
+async def a_next_turn_works(browser: Browser, session_id: str, peer: OpenAIPeer) -> None:
+    """The session goes on: the model service accepts its history (the OpenAI peer refuses an
+    assistant tool call without a result, as the real service does)."""
+    peer.script(Reply(chunks=["still ", "here"]))
+    ack = await browser.submit("And now?", sessionId=session_id)
+    assert ack["ok"], ack
+    assert await browser.completion(ack["turnId"], timeout=20) == (
+        ack["turnId"],
+        True,
+        "still here",
+    )
+    assert not [r for r in peer.requests if r.rejected]
+
+
+# ---- a frozen drone
+
+
+async def test_an_abort_to_a_frozen_drone_lands_and_the_drone_drops_the_turn_when_it_wakes(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Start,
+    browser: Browser,
+) -> None:
+    openai_peer.script(SLOW)
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Stream for a while"))["turnId"]
+    await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+    drone.send_signal(signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        assert await browser.completion(turn_id) == (turn_id, True, ABORTED)
+        # Bound: the relay's wait for the drone's answer (2 s), and a margin for a busy machine.
+        assert loop.time() - asked < relay.config.abort_answer + 1.5
+        assert (await browser.ending(turn_id))["reason"] == "unanswered"
+        turn = await stored(relay.relay.store, turn_id)
+        assert turn.status == "aborted" and turn.text == browser.text(turn_id)
+        assert roles(turn) == [("user", "Stream for a while"), ("assistant", turn.text)]
+    finally:
+        drone.send_signal(signal.SIGCONT)
+
+    # Awake again, the drone hears of the abort and closes the model's stream at once.
+    await eventually(lambda: openai_peer.requests[0].disconnected, timeout=10, what="upstream")
+    assert not openai_peer.requests[0].completed
+    # Its slot is free: the next order runs on it and finishes.
+    openai_peer.script(Reply(chunks=["next ", "one"]))
+    ack = await browser.submit("Next", sessionId=turn.session_id)
+    assert await browser.completion(ack["turnId"], timeout=20) == (ack["turnId"], True, "next one")
+    assert not [r for r in openai_peer.requests if r.rejected]
+
+
+async def test_a_frozen_drone_is_noticed_within_the_grace_and_its_turn_ends(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Start,
+    browser: Browser,
+) -> None:
+    openai_peer.script(SLOW)
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Stream for a while"))["turnId"]
+    await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+    drone.send_signal(signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        frozen = loop.time()
+        assert await browser.completion(turn_id, timeout=10) == (
+            turn_id,
+            False,
+            "The drone disconnected.",
+        )
+        # Noticed within engine.io's ping (0.5 s + 1 s at the tests' 0.5 s grace), then the
+        # grace to come back; a margin for a busy machine.
+        assert loop.time() - frozen < 1.5 + relay.config.drone_grace + 1.5
+    finally:
+        drone.send_signal(signal.SIGCONT)
+    await eventually(lambda: openai_peer.requests[0].disconnected, timeout=10, what="upstream")
+    turn = await stored(relay.relay.store, turn_id)
+    assert turn.status == "error" and turn.text == browser.text(turn_id)
+
+
+# ---- drones that die mid-tool
+
+
+async def test_a_drone_killed_mid_tool_leaves_a_history_the_model_accepts(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Start,
+    browser: Browser,
+) -> None:
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": "sleep 30"})])
+    )
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Run something long"))["turnId"]
+    await eventually(lambda: browser.progress(turn_id, "tool"), timeout=10, what="the tool")
+
+    drone.send_signal(signal.SIGKILL)
+    _, success, message = await browser.completion(turn_id, timeout=10)
+
+    assert (success, message) == (False, "The drone disconnected.")
+    turn = await stored(relay.relay.store, turn_id)
+    assert [m.role for m in turn.messages] == ["user", "assistant", "tool"]
+    assert turn.messages[2].content == TOOL_LOST
+    assert turn.messages[2].tool_call_id == turn.messages[1].tool_calls[0].id  # type: ignore[index]
+    drone_process(Upstream("openai", openai_peer), server=relay.url, name="second")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="a second drone")
+    await a_next_turn_works(browser, turn.session_id, openai_peer)
+
+
+async def test_an_abort_while_the_drone_is_away_mid_tool_cancels_the_tool_call(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Start,
+    browser: Browser,
+) -> None:
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": "sleep 30"})])
+    )
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Run something long"))["turnId"]
+    await eventually(lambda: browser.progress(turn_id, "tool"), timeout=10, what="the tool")
+
+    drone.send_signal(signal.SIGSTOP)
+    try:
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        assert await browser.completion(turn_id) == (turn_id, True, ABORTED)
+    finally:
+        drone.send_signal(signal.SIGKILL)
+    turn = await stored(relay.relay.store, turn_id)
+    assert [m.role for m in turn.messages] == ["user", "assistant", "tool"]
+    assert turn.messages[2].content == TOOL_CANCELLED
+    drone_process(Upstream("openai", openai_peer), server=relay.url, name="second")
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="a second drone")
+    await a_next_turn_works(browser, turn.session_id, openai_peer)
+
+
+# ---- relays that stop, die and restart
+
+
+@pytest.fixture
+async def sqlite_relay(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """``hangar serve`` on SQLite, as a subprocess on a fixed port, to stop and start again."""
+    port = free_port()
+    database = tmp_path / "hangar.db"
+    started: list[asyncio.subprocess.Process] = []
+
+    async def start() -> tuple[str, asyncio.subprocess.Process, Path]:
+        log = tmp_path / f"relay-{len(started)}.log"
+        with log.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(
+                *HANGAR, "serve", "--port", str(port), "--database", str(database),
+                "--drone-token", DRONE_TOKEN, "--drone-grace", "2",
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        started.append(process)
+        await eventually(lambda: b"listening on" in log.read_bytes(), 20, "the relay to listen")
+        return f"http://127.0.0.1:{port}", process, log
+
+    yield start
+    for process in started:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def person_token(database: Path) -> str:
+    store = SqliteTurnStore(database)
+    await store.open()
+    try:
+        return await People(Accounts(store)).token("ada")
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+async def test_a_relay_restart_mid_turn_loses_no_text(
+    sqlite_relay: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+    how: signal.Signals,
+) -> None:
+    reply = Reply(chunks=[f"t{i} " for i in range(150)], delay=0.03)
+    openai_peer.script(reply)
+    url, process, _ = await sqlite_relay()
+    drone_process(Upstream("openai", openai_peer), server=url)
+    token = await person_token(tmp_path / "hangar.db")
+    browser = await Browser(url, token).connect()
+    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    turn_id = (await browser.submit("Say a lot"))["turnId"]
+    await browser.wait_text(turn_id, pieces=5, timeout=10)
+
+    process.send_signal(how)
+    await asyncio.wait_for(process.wait(), 10)
+    await browser.close()
+    url, _, _ = await sqlite_relay()
+    again = await Browser(url, token).connect()
+    try:
+        await eventually(
+            lambda: _ended_turn(tmp_path / "hangar.db", turn_id), timeout=20, what="the end"
+        )
+        turn = await _ended_turn(tmp_path / "hangar.db", turn_id)
+        assert turn is not None and turn.status == "finished"
+        assert turn.text == reply_text(reply)
+        assert roles(turn) == [("user", "Say a lot"), ("assistant", reply_text(reply))]
+        await a_next_turn_works(again, turn.session_id, openai_peer)
+    finally:
+        await again.close()
+
+
+async def _drones(browser: Browser) -> list[Any]:
+    answer = await browser.call("listDrones", {})
+    drones: list[Any] = answer["drones"]
+    return drones
+
+
+async def _ended_turn(database: Path, turn_id: str) -> TurnRecord | None:
+    store = SqliteTurnStore(database)
+    await store.open()
+    try:
+        turn = await store.get_turn(turn_id)
+    finally:
+        await store.close()
+    return turn if turn is not None and turn.status != "processing" else None
+
+
+async def test_a_failover_to_another_relay_leaves_no_hole_in_the_text(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    reply = Reply(chunks=[f"f{i} " for i in range(150)], delay=0.03)
+    openai_peer.script(reply)
+    drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}")
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Say a lot"))["turnId"]
+        await browser.wait_text(turn_id, pieces=5, timeout=10)
+
+        a.kill()
+        _, success, _ = await browser.completion(turn_id, timeout=30)
+
+        assert success is True
+        turn = await stored(store, turn_id)
+        assert turn.status == "finished" and turn.text == reply_text(reply)
+        assert roles(turn)[1:] == [("assistant", reply_text(reply))]
+        assert browser.text(turn_id) == reply_text(reply)  # the page's copy has no hole either
+    finally:
+        await browser.close()
+        await store.close()
+
+
+async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected(
+    sqlite_relay: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+) -> None:
+    openai_peer.script(SLOW)
+    url, process, log = await sqlite_relay()
+    drone_process(Upstream("openai", openai_peer), server=url)
+    token = await person_token(tmp_path / "hangar.db")
+    browsers = [await Browser(url, token).connect() for _ in range(3)]
+    await eventually(lambda: _drones(browsers[0]), timeout=15, what="the drone")
+    turn_id = (await browsers[0].submit("Stream for a while"))["turnId"]
+    await browsers[0].wait_text(turn_id, pieces=3, timeout=10)
+
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    process.send_signal(signal.SIGINT)
+    await asyncio.wait_for(process.wait(), 10)
+
+    assert loop.time() - asked < 2.0  # the bound is the behaviour
+    assert process.returncode == 0
+    lines = log.read_text().splitlines()
+    assert any("stopping" in line for line in lines), lines
+    assert not [line for line in lines if "Traceback" in line or " ERROR " in line], lines
+    for browser in browsers:
+        await browser.close()
+
+
+# ---- Redis and PostgreSQL that stall or crash
+
+
+@pytest.fixture
+def own_redis() -> Any:
+    server = OwnRedis()
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.mark.parametrize("fault", ["paused", "restarted-empty"])
+async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+    fault: str,
+) -> None:
+    a = await relay_processes(redis=own_redis.url, drone_grace=2.0)
+    b = await relay_processes(redis=own_redis.url, drone_grace=2.0)
+    reply = Reply(chunks=[f"r{i} " for i in range(500)], delay=0.03)  # about 15 s
+    openai_peer.script(reply)
+    drone_process(Upstream("openai", openai_peer), server=a.url)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Outlast Redis"))["turnId"]
+        await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+        if fault == "paused":
+            own_redis.pause()
+            await asyncio.sleep(11)  # the fault itself: longer than a drone entry lives
+            own_redis.resume()
+        else:
+            own_redis.kill()
+            await asyncio.sleep(6)  # the fault itself
+            own_redis.start()
+
+        # The drone is listed again within a heartbeat; the turn was never ended for it.
+        await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+        _, success, message = await browser.completion(turn_id, timeout=30)
+        assert success is True, message
+        turn = await stored(store, turn_id)
+        assert turn.status == "finished" and turn.text == reply_text(reply)
+        openai_peer.script(Reply(chunks=["after ", "Redis"]))
+        ack = await browser.submit("Again", sessionId=turn.session_id)
+        assert await browser.completion(ack["turnId"], timeout=20) == (
+            ack["turnId"],
+            True,
+            "after Redis",
+        )
+    finally:
+        await browser.close()
+        await store.close()
+
+
+@pytest.fixture
+async def own_postgres() -> AsyncIterator[OwnPostgres]:
+    server = OwnPostgres()
+    await asyncio.to_thread(server.init)
+    await asyncio.to_thread(server.start)
+    yield server
+    await asyncio.to_thread(server.remove)
+
+
+async def test_a_postgres_crash_delays_endings_but_loses_none(
+    own_postgres: OwnPostgres,
+    openai_peer: OpenAIPeer,
+    start_drone_on: Start,
+) -> None:
+    config = RelayConfig(
+        port=0,
+        database=own_postgres.url,
+        drone_token=DRONE_TOKEN,
+        abort_grace=2.0,
+        drone_grace=1.0,
+    )
+    runner, port = await start_relay(config)
+    url = f"http://127.0.0.1:{port}"
+    store = runner.app[RELAY].store
+    try:
+        people = People(Accounts(store))
+        browser = await Browser(url, await people.token("ada")).connect()
+        finishing = Reply(chunks=[f"p{i} " for i in range(60)], delay=0.03)
+        openai_peer.script(finishing, SLOW)
+        await start_drone_on(url, Upstream("openai", openai_peer), concurrency=2)
+        first = (await browser.submit("Finish during the outage"))["turnId"]
+        second = (await browser.submit("Be aborted during the outage"))["turnId"]
+        await browser.wait_text(first, pieces=3, timeout=10)
+        await eventually(lambda: browser.progress(second), timeout=10, what="the second turn")
+
+        await asyncio.to_thread(own_postgres.kill)
+        assert await browser.abort(second) == (True, ABORT_SIGNALED)
+        await eventually(lambda: openai_peer.requests[0].completed, 10, "the first answer")
+        await asyncio.sleep(3)  # the outage goes on past the drone's answer
+        await asyncio.to_thread(own_postgres.start)
+
+        assert (await browser.completion(first, timeout=20))[1] is True
+        assert await browser.completion(second, timeout=20) == (second, True, ABORTED)
+        turn = await stored(store, first)
+        assert turn.status == "finished" and turn.text == reply_text(finishing)
+        assert roles(turn) == [
+            ("user", "Finish during the outage"),
+            ("assistant", reply_text(finishing)),
+        ]
+        assert (await stored(store, second)).status == "aborted"
+        assert await store.processing_turns() == []
+        await a_next_turn_works(browser, turn.session_id, openai_peer)
+        await browser.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_completion_held_up_past_the_drones_wait_is_delivered_later(
+    relay_processes: Start,
+    start_drone_on: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+) -> None:
+    relay = await relay_processes(redis=False)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(relay.url, await People(Accounts(store)).token("ada")).connect()
+    locker = await asyncpg.connect(postgres_url)
+    try:
+        reply = Reply(chunks=[f"l{i} " for i in range(30)], delay=0.02)
+        openai_peer.script(reply)
+        await start_drone_on(relay.url, Upstream("openai", openai_peer))
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Wait for the table"))["turnId"]
+        await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+        locking = locker.transaction()
+        await locking.start()
+        await locker.execute("LOCK TABLE turns IN ACCESS EXCLUSIVE MODE")
+        await eventually(lambda: openai_peer.requests[0].completed, 10, "the answer")
+        await asyncio.sleep(11)  # the fault itself: longer than the drone waits for an ack
+        await locking.rollback()
+
+        assert (await browser.completion(turn_id, timeout=20))[1] is True
+        turn = await stored(store, turn_id)
+        assert turn.status == "finished" and turn.text == reply_text(reply)
+        assert await store.processing_turns() == []
+        # The drone is not wedged: its next turn goes through at once.
+        await a_next_turn_works(browser, turn.session_id, openai_peer)
+    finally:
+        await locker.close()
+        await browser.close()
+        await store.close()
+
+
+@pytest.fixture
+async def start_drone_on() -> AsyncIterator[Callable[..., Any]]:
+    """An in-process drone on the relay at ``url`` (stopped as by Ctrl-C at the end)."""
+    from hangar.drone.tools.policy import ToolPolicy
+    from hangar.drone.worker import DroneConfig, run_drone
+    from hangar.shared.abort import AbortController, AbortError
+
+    started: list[tuple[AbortController, asyncio.Task[int]]] = []
+
+    async def start(url: str, upstream: Upstream, **settings: Any) -> None:
+        config = DroneConfig(
+            server=url,
+            token=DRONE_TOKEN,
+            name=f"d{len(started)}",
+            tools=ToolPolicy.allow_all(),
+            **{**upstream.drone_settings(), **settings},
+        )
+        root = AbortController()
+        started.append((root, asyncio.ensure_future(run_drone(config, root))))
+
+    yield start
+    for root, _ in started:
+        root.abort(AbortError("stop", cause="operator"))
+    await asyncio.gather(*(task for _, task in started), return_exceptions=True)
