@@ -302,6 +302,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def with_children(pid: int) -> list[int]:
+    """``pid`` and its descendants (a drone's worker processes), for ``cpu_load``."""
+    found, i = [pid], 0
+    while i < len(found):
+        for task in Path(f"/proc/{found[i]}/task").glob("*/children"):
+            found += [int(child) for child in task.read_text().split()]
+        i += 1
+    return found
+
+
 def busy_seconds() -> float:
     """CPU seconds the whole machine has spent busy so far (all cores, from /proc/stat)."""
     user, nice, system, _idle, _iowait, irq, softirq, steal = (

@@ -10,20 +10,27 @@ from .common import PYTHON, Proc, Stack
 
 PLUMBING: tuple[str, ...] = (" (<frozen runpy>)", " (runners.py)", " (base_events.py)")
 PLUMBING += (" (events.py)", " (hangar_mono.py)", " (cli.py)", " (threading.py)", "thread (")
-IDLE = re.compile(  # a thread waiting: asyncio's poll, uvloop's loop (leaf frame), a pool worker
-    r"(select \(.*selectors\.py|_worker \(.*concurrent/futures/thread\.py"
-    r"|run \(.*uvloop/__init__\.py)"
+IDLE = re.compile(
+    # A thread waiting, by its leaf frame: asyncio's poll; uvloop's loop, whose C code waits
+    # below asyncio's ``Runner.run`` (py-spy shows no Python frame under it, so that frame is
+    # the leaf only while no callback runs); a pool worker waiting for work.
+    r"(select \(.*selectors\.py:\d+\)$|_worker \(.*concurrent/futures/thread\.py:\d+\)$"
+    r"|(?:^|\.)run \(.*asyncio/runners\.py:\d+\)$|run \(.*uvloop/__init__\.py:\d+\)$)"
 )
 
 
-def py_spy(stack: Stack, target: Proc, seconds: float, tag: str) -> tuple[Proc, Path]:
-    """Sample every thread of ``target`` for ``seconds``, without pausing it, idle included."""
+def py_spy(
+    stack: Stack, target: Proc, seconds: float, tag: str, subprocesses: bool = False
+) -> tuple[Proc, Path]:
+    """Sample every thread of ``target`` (and of its child processes, with ``subprocesses``)
+    for ``seconds``, without pausing it, idle included."""
     out = stack.workdir / f"{target.name}-{tag}.pyspy"
     binary = Path(PYTHON).parent / "py-spy"
     if not binary.exists():
         raise RuntimeError(f"{binary} is missing: install it with .venv/bin/pip install py-spy")
     args = [str(binary), "record", "--pid", str(target.pid)]
     args += ["--nonblocking", "--threads", "--idle", "--rate", "250"]
+    args += ["--subprocesses"] if subprocesses else []
     args += ["--duration", str(int(seconds)), "--format", "raw", "--output", str(out)]
     return stack.spawn(f"py-spy-{target.name}-{tag}", args, python=False), out
 
@@ -35,9 +42,12 @@ def top_frames(path: Path, count: int = 12) -> str:
     for line in path.read_text().splitlines():
         stack, _, weight = line.rpartition(" ")
         raw = stack.split(";")
-        inclusive, own, seen = threads.setdefault(
-            re.sub(r"^thread \(\d+\): ", "", raw[0]), (Counter(), Counter(), [0, 0])
-        )
+        process = ""
+        while raw and raw[0].startswith("process "):  # --subprocesses: the process's path
+            found = re.match(r'process (\d+):"\S+(?: -m (\S+))?', raw.pop(0))
+            process = f" of {found.group(2) or found.group(1)}" if found else ""
+        name = re.sub(r"^thread \(\d+\): ", "", raw[0]) + process
+        inclusive, own, seen = threads.setdefault(name, (Counter(), Counter(), [0, 0]))
         seen[0] += int(weight)
         if len(raw) < 2 or IDLE.search(raw[-1]):
             continue

@@ -18,13 +18,14 @@ from hangar.shared.protocol import (
     ListSessions,
     OpenSession,
     RenameSession,
+    SessionRef,
     SubmitWorkOrder,
     ToolApproval,
 )
 
 from .access import Access, Credential
 from .accounts import Revocation
-from .connections import ConnectionNamespace
+from .connections import UNAVAILABLE, ConnectionNamespace, failures
 from .limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
@@ -87,7 +88,7 @@ class BrowserConnection:
             request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
-        return await self.relay.rooms.open_session(self.user, self.sid, request.session_id)
+        return await self.relay.rooms.open_session(self.user, self.sid, request)
 
     async def on_list_sessions(self, *args: Any) -> dict[str, Any]:
         try:
@@ -107,7 +108,7 @@ class BrowserConnection:
 
     async def on_delete_session(self, *args: Any) -> dict[str, Any]:
         try:
-            request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = SessionRef.model_validate(one_payload(args, MAX_EVENT_BYTES))
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         if not self.session_changes.allow():
@@ -125,7 +126,11 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
         self.access = access
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
-        credential = await self.access.browser(environ, auth)
+        try:
+            credential = await self.access.browser(environ, auth)
+        except Exception as error:  # the store does not answer: the page tries again by itself
+            failures.warning("login not checked (%s: %s)", type(error).__name__, error)
+            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE) from None
         if credential is None:
             raise socketio.exceptions.ConnectionRefusedError(NOT_LOGGED_IN)
         user = credential.user
@@ -135,7 +140,10 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
         demo = user.name == self.access.demo_user
         hello = {"user": {"name": user.name, "role": user.role}, "demo": demo}
         await self.emit(HELLO, hello, to=sid)
-        await self.emit(DRONES, await self.relay.directory.views(), to=sid)
+        try:
+            await self.emit(DRONES, await self.relay.directory.views(), to=sid)
+        except Exception as error:  # Redis or the store: the list comes with its next change
+            failures.warning("drone list not sent (%s: %s)", type(error).__name__, error)
 
     async def revoked(self, revocation: Revocation) -> None:
         """Disconnect the connections a revoked login, token or person had."""

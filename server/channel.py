@@ -11,7 +11,8 @@ defines for pub/sub back ends (``_publish`` and ``_listen``):
 - while Redis fails, messages for the other relays are dropped (at most ``OUTBOX_LIMIT`` wait),
   with one log line when it goes and one when it is back: what the other relays' browsers miss
   meanwhile, they get from the store when they next open a session;
-- listening starts again within ``RETRY_MAX`` of Redis answering.
+- listening starts again within ``RETRY_MAX`` of Redis answering, and this relay's browsers
+  are then told to ``resync`` (what the others sent meanwhile is lost).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from socketio.async_pubsub_manager import AsyncPubSubManager
+
+from hangar.shared.protocol import IDE_NAMESPACE, RESYNC
 
 from .redis_state import CALL_TIMEOUT, FAILURES
 
@@ -53,6 +56,8 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
         self._down_since: float | None = None
         self._dropped = 0
         self._listening = False
+        self._lost = False
+        """The channel was lost once: browsers here are told to resync when it is back."""
 
     # ---- to the other relays
 
@@ -139,6 +144,12 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
                 if not self._listening:
                     self._listening = True
                     log.info("listening to the other relays on Redis channel %s", self.channel)
+                    if self._lost:
+                        # What the other relays sent meanwhile is gone: this relay's browsers
+                        # open their sessions again for a fresh snapshot.
+                        await self.server.emit(
+                            RESYNC, {}, namespace=IDE_NAMESPACE, ignore_queue=True
+                        )
                 pause = 0.05
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
@@ -146,6 +157,7 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
             except FAILURES as exc:
                 if self._listening:
                     self._listening = False
+                    self._lost = True
                     log.warning("lost the Redis channel (%s); listening again", type(exc).__name__)
             finally:
                 with contextlib.suppress(*FAILURES):

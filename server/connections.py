@@ -15,7 +15,16 @@ from typing import Any, Generic, TypeVar
 
 import socketio
 
+from hangar.shared.protocol import ABORT_WORK_ORDER
+
+from .limits import QuietLog
+
 log = logging.getLogger("hangar.relay")
+failures = QuietLog(log)
+UNAVAILABLE = (
+    "The relay cannot do that just now (its database or Redis does not answer); "
+    "try again in a moment."
+)
 
 C = TypeVar("C")
 Handler = Callable[..., Any]
@@ -50,9 +59,13 @@ class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[
             if asyncio.iscoroutine(result):
                 result = await result
             return result
-        except Exception:
-            log.exception("event %s failed", event)
-            return {"ok": False, "error": "The relay could not handle that event."}
+        except Exception as error:
+            # Input was checked before the handler ran: this is the relay's own trouble (its
+            # database or Redis is down, say), one line per stretch of it, not a traceback.
+            failures.warning("event %s failed (%s: %s)", event, type(error).__name__, error)
+            if event == ABORT_WORK_ORDER:
+                return False, UNAVAILABLE
+            return {"ok": False, "error": UNAVAILABLE}
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
         raise NotImplementedError

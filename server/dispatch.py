@@ -13,11 +13,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from functools import partial
 from typing import Any, Protocol
 
 import socketio
 
 from hangar.shared.protocol import (
+    HISTORY_MISS,
     TURN_QUEUED,
     TURN_STARTED,
     WORK_ORDER,
@@ -29,10 +31,12 @@ from hangar.shared.protocol import (
 from . import queue
 from .background import Background
 from .directory import DroneDirectory
-from .live_state import LiveState
+from .histories import Histories
+from .limits import QuietLog
+from .live_state import DroneRoute, LiveState
 from .queue import Place, places
 from .rooms import Rooms
-from .store import Ending, TurnRecord, TurnStore, session_history
+from .store import Ending, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
@@ -43,12 +47,19 @@ COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
 """Queue places go out at most this often (a burst of submits or ends moves many at once)."""
+REQUEUE_ATTEMPTS = 600
+"""Seconds (one attempt a second) a turn whose work order could not be sent waits for the store
+to take it back in line; past that the sweep of a restarted relay ends it."""
+failures = QuietLog(log)
 ANNOUNCE_RATE = 2000.0
 """Place changes sent per second at most: a long line refreshes less often than a short one."""
 
 
 class Endings(Protocol):
     async def end_turn(self, turn_id: str, ending: Ending) -> bool: ...
+
+    def started(self, turn: TurnRecord) -> None:
+        """Its drone accepted the turn's work order."""
 
 
 class Dispatcher:
@@ -65,6 +76,7 @@ class Dispatcher:
         self.directory = directory
         self.rooms = rooms
         self.background = background
+        self.histories = Histories(store)
         self.endings: Endings | None = None
         self._lock = asyncio.Lock()
         self._woken = False
@@ -107,7 +119,31 @@ class Dispatcher:
         }
 
     async def _start(self, turn: TurnRecord) -> None:
-        """Send a claimed turn's work order to its drone; put it back in line if refused busy."""
+        """Send a claimed turn's work order to its drone; put it back in line if refused busy,
+        or if the store or Redis failed before the drone had it."""
+        try:
+            await self._hand_over(turn)
+        except Exception as error:
+            failures.warning(
+                "work order not sent turn=%s (%s: %s); back in line",
+                turn.turn_id,
+                type(error).__name__,
+                str(error)[:200],
+            )
+            await self._requeue_soon(turn.turn_id)
+
+    async def _requeue_soon(self, turn_id: str, attempt: int = 0) -> None:
+        """Put a claimed turn back in line, trying again until the store answers (a turn is
+        never left processing on a drone that does not have it)."""
+        try:
+            await queue.requeue(self.store, turn_id)
+        except Exception:
+            if attempt < REQUEUE_ATTEMPTS:
+                self.background.later(COOLING, partial(self._requeue_soon, turn_id, attempt + 1))
+            return
+        self.background.later(COOLING, self.dispatch)
+
+    async def _hand_over(self, turn: TurnRecord) -> None:
         assert self.endings is not None and turn.drone_id is not None
         turn.messages = [ChatMessage(role="user", content=turn.prompt)]
         await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
@@ -115,30 +151,39 @@ class Dispatcher:
         if route is None:
             await self._back_in_line(turn, "The drone left before it got the work order.")
             return
-        history = await session_history(self.store, turn.session_id, before=turn)
-        order = WorkOrder(
-            turn_id=turn.turn_id,
-            session_id=turn.session_id,
-            prompt=turn.prompt,
-            history=history,
-            approved_tools=await self.live_state.approved_tools(turn.session_id),
-        )
-        log.info("work order sent turn=%s drone=%s", turn.turn_id, turn.drone_id)
-        try:
-            answer: Any = await self.directory.call(WORK_ORDER, order.wire(), route)
-        except socketio.exceptions.TimeoutError:
-            answer = {"ok": False, "error": "The drone did not accept the work order in time."}
-        except socketio.exceptions.SocketIOError:
-            answer = {"ok": False, "error": "The drone disconnected."}
+        approved = await self.live_state.approved_tools(turn.session_id)
+        order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
+        answer = await self._send(order, route)
+        if order.history_base is not None and _refusal(answer) == HISTORY_MISS:
+            self.histories.forget(route.drone_id, turn.session_id)  # it restarted: all of it
+            order = await self.histories.order(turn, route.drone_id, False, approved)
+            answer = await self._send(order, route)
         if isinstance(answer, dict) and answer.get("ok") is True:
             self._refusals.pop(turn.turn_id, None)
+            self.histories.accepted(route.drone_id, order)
+            self.endings.started(turn)
             return
-        reason = str((answer.get("error") if isinstance(answer, dict) else None) or "")
+        reason = _refusal(answer)
         if reason == BUSY:
             await self._back_in_line(turn, reason)
             return
         refusal = reason or "The drone refused the work order."
         await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
+
+    async def _send(self, order: WorkOrder, route: DroneRoute) -> Any:
+        log.info(
+            "work order sent turn=%s drone=%s history=%d from %d",
+            order.turn_id,
+            route.drone_id,
+            len(order.history),
+            order.history_from,
+        )
+        try:
+            return await self.directory.call(WORK_ORDER, order.wire(), route)
+        except socketio.exceptions.TimeoutError:
+            return {"ok": False, "error": "The drone did not accept the work order in time."}
+        except socketio.exceptions.SocketIOError:
+            return {"ok": False, "error": "The drone disconnected."}
 
     async def _back_in_line(self, turn: TurnRecord, why: str) -> None:
         assert self.endings is not None and turn.drone_id is not None
@@ -201,3 +246,7 @@ class Dispatcher:
             if found.turn_id == turn_id:
                 return found
         return None
+
+
+def _refusal(answer: Any) -> str:
+    return str((answer.get("error") if isinstance(answer, dict) else None) or "")

@@ -15,6 +15,9 @@ from typing import Any, Protocol
 
 from hangar.shared.protocol import DroneRecord
 
+ENDED_READ = 1000
+"""Endings read at most per ``ended_elsewhere`` call."""
+
 
 class DroneRoute(DroneRecord):
     """A connected drone: what it is, where to reach it (its socket.io sid), and the hash of
@@ -22,6 +25,39 @@ class DroneRoute(DroneRecord):
 
     sid: str
     instance: str
+
+
+class LiveText:
+    """A running turn's text: a few pieces, not one per delta, and how many deltas it holds.
+
+    A new delta is joined with the last pieces until the piece before them is at least twice
+    as long as they are together, so each piece is at least twice the next: at most
+    log2(length) + 1 pieces, and each character is copied O(log length) times however many
+    deltas the text comes in (a list of deltas cost ~60 bytes of objects per delta, for ever).
+    """
+
+    __slots__ = ("count", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.count = 0
+
+    def append(self, text: str) -> int:
+        pieces = self.pieces
+        pieces.append(text)
+        cut, tail = len(pieces) - 1, len(text)
+        while cut > 0 and len(pieces[cut - 1]) < 2 * tail:
+            cut -= 1
+            tail += len(pieces[cut])
+        if cut < len(pieces) - 1:
+            pieces[cut:] = ["".join(pieces[cut:])]
+        self.count += 1
+        return self.count
+
+    def value(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
 
 @dataclass
@@ -60,7 +96,13 @@ class LiveState(Protocol):
         """The turn's text so far and how many deltas it holds."""
 
     async def forget_turn(self, turn_id: str) -> None:
-        """Drop what was kept of a turn that has ended (its text, its waiting calls)."""
+        """Drop what was kept of a turn that has ended (its text, its waiting calls), and let
+        the other relays know it ended (``ended_elsewhere``)."""
+
+    async def ended_elsewhere(self) -> list[str]:
+        """Turns ended since the last call, by any relay, at most ``ENDED_READ``: a relay
+        forgets its own live turns as it ends them, but not those another relay ended (its
+        drone went on streaming here). One relay alone has none to hear of."""
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         """Keep a tool call waiting for a person (its ``tool`` progress event), or drop it."""
@@ -86,7 +128,7 @@ class LocalLiveState:
 
     def __init__(self) -> None:
         self.routes: dict[str, DroneRoute] = {}
-        self.texts: dict[str, list[str]] = {}
+        self.texts: dict[str, LiveText] = {}
         self.aborts: dict[str, asyncio.Event] = {}
         self.calls: dict[str, dict[str, dict[str, Any]]] = {}
         self.always: dict[str, set[str]] = {}
@@ -112,17 +154,21 @@ class LocalLiveState:
         return self.routes.get(drone_id)
 
     async def append_text(self, turn_id: str, text: str) -> int:
-        pieces = self.texts.setdefault(turn_id, [])
-        pieces.append(text)
-        return len(pieces)
+        live = self.texts.get(turn_id)
+        if live is None:
+            live = self.texts[turn_id] = LiveText()
+        return live.append(text)
 
     async def text(self, turn_id: str) -> tuple[str, int]:
-        pieces = self.texts.get(turn_id, [])
-        return "".join(pieces), len(pieces)
+        live = self.texts.get(turn_id)
+        return (live.value(), live.count) if live is not None else ("", 0)
 
     async def forget_turn(self, turn_id: str) -> None:
         self.texts.pop(turn_id, None)
         self.calls.pop(turn_id, None)
+
+    async def ended_elsewhere(self) -> list[str]:
+        return []  # one relay: every ending is its own
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         if call is not None:

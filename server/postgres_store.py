@@ -20,6 +20,7 @@ from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
     INSERT_TURN,
+    RECENT_TURNS,
     RENAME_SESSION,
     Ending,
     SessionBusyError,
@@ -52,7 +53,9 @@ class PostgresTurnStore:
         return self._pool
 
     async def open(self) -> None:
-        self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=10)
+        # No standing connections: asyncpg would otherwise try to restore them while the
+        # database is down, logging a traceback each time.
+        self._pool = await asyncpg.create_pool(self.url, min_size=0, max_size=10)
         async with self.pool.acquire() as db, db.transaction():
             # One relay migrates at a time; the others wait on the lock, then find it done.
             await db.execute("SELECT pg_advisory_xact_lock(726541)")
@@ -151,6 +154,14 @@ class PostgresTurnStore:
             "SELECT * FROM turns WHERE session_id = $1 ORDER BY created_at, turn_id", session_id
         )
         return await self._with_messages(list(rows))
+
+    async def recent_turns(
+        self, session_id: str, limit: int, before: str | None = None
+    ) -> tuple[list[TurnRecord], bool]:
+        values = (session_id, before, before, before, before, limit + 1)
+        rows = await self.pool.fetch(_numbered(RECENT_TURNS), *values)
+        page = list(reversed(rows[:limit]))
+        return await self._with_messages(page), len(rows) > limit
 
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         async with self.pool.acquire() as db:

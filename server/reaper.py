@@ -6,6 +6,11 @@
   its turns end in error;
 - the sweep: every second, turns no live drone runs (their relay died, this relay restarted)
   end once they have been missing for ``drone_grace``.
+
+The sweep's work is proportional to what changed, not to the turns running: it judges presence
+once per drone, asks the store only for the processing turns of drones that are not present
+(the store walks its index of processing turns for their drones, in the database), and hears
+of turns other relays ended from the live state.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from hangar.shared.protocol import ABORTED
 from .background import Later
 from .directory import DroneDirectory
 from .limits import QuietLog
-from .store import Ending, TurnRecord, TurnStore
+from .live_state import LiveState, LiveTurn
+from .store import Database, Ending, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
@@ -33,6 +39,24 @@ least every 3 s) before the turns they ran end as "The relay restarted."."""
 failures = QuietLog(log)
 DRONE_LOST = Ending("error", "The drone disconnected.", "drone_lost")
 RELAY_RESTARTED = Ending("error", "The relay restarted.", "relay_restarted")
+RUN_BY = "SELECT DISTINCT drone_id FROM turns WHERE status = 'processing'"
+"""The drones the store has processing turns on (one walk of its index of processing turns)."""
+
+
+async def turns_of_drones(db: Database, drones: list[str | None]) -> list[TurnRecord]:
+    """The processing turns (without messages) of ``drones`` (None: turns with no drone),
+    oldest first."""
+    named = [drone for drone in drones if drone is not None]
+    where = [f"drone_id IN ({', '.join('?' for _ in named)})"] if named else []
+    where += ["drone_id IS NULL"] if None in drones else []
+    if not where:
+        return []
+    rows = await db.fetch(
+        f"SELECT * FROM turns WHERE status = 'processing' AND ({' OR '.join(where)})"
+        " ORDER BY created_at",
+        *named,
+    )
+    return [TurnRecord.of(row) for row in rows]
 
 
 def lost(turn: TurnRecord | None, ending: Ending, asked_here: dict[str, str]) -> Ending:
@@ -54,8 +78,9 @@ class Endings(Protocol):
     def abort_asked_by(self) -> dict[str, str]:
         """Who asked, through this relay, to abort turns still processing."""
 
-    def keep_live(self, processing: set[str]) -> None:
-        """Forget live turns not in ``processing`` (another relay ended them)."""
+    @property
+    def live(self) -> dict[str, LiveTurn]:
+        """Turns run by drones connected to this relay."""
 
 
 class Reaper:
@@ -70,6 +95,7 @@ class Reaper:
     ) -> None:
         self.store = store
         self.directory = directory
+        self.live_state: LiveState = directory.live
         self.later = later
         self.abort_grace = abort_grace
         self.drone_grace = drone_grace
@@ -137,18 +163,22 @@ class Reaper:
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
         assert self.endings is not None
-        turns = await self.store.processing_turns()
-        self.endings.keep_live({turn.turn_id for turn in turns})
+        for turn_id in await self.live_state.ended_elsewhere():
+            self.endings.live.pop(turn_id, None)
+        present = set(self.directory.local)
+        present.update(route.drone_id for route in await self.live_state.drones())
+        run_by = [row["drone_id"] for row in await self.store.fetch(RUN_BY)]
+        gone = [drone for drone in run_by if drone not in present]
+        turns = await turns_of_drones(self.store, gone) if gone else []
         now = time.monotonic()
+        missing = {turn.turn_id: self.missing_since.get(turn.turn_id, now) for turn in turns}
+        self.missing_since = missing
         for turn in turns:
             if turn.turn_id in self.timers:
                 continue
-            if await self.directory.present(turn.drone_id):
-                self.missing_since.pop(turn.turn_id, None)
-                continue
-            first = self.missing_since.setdefault(turn.turn_id, now)
             restarted = turn.created_at < self.started_at
-            if now - first >= self.drone_grace + (REJOIN_WINDOW if restarted else 0.0):
+            waited = now - missing[turn.turn_id]
+            if waited >= self.drone_grace + (REJOIN_WINDOW if restarted else 0.0):
                 ending = RELAY_RESTARTED if restarted else DRONE_LOST
                 await self.endings.end_turn(
                     turn.turn_id, lost(turn, ending, self.endings.abort_asked_by)

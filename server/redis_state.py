@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .live_state import DroneRoute
+from .live_state import ENDED_READ, DroneRoute
 
 log = logging.getLogger("hangar.relay")
 
@@ -26,6 +26,8 @@ HEARTBEAT = 2.0
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
 """Seconds a turn's waiting calls and a session's "always" approvals are kept at most."""
+ENDED_KEPT = 10_000
+"""Endings the relays' stream of ended turns keeps (about: Redis trims it in whole blocks)."""
 CALL_TIMEOUT = 2.0
 """Seconds a Redis call may take before it fails (a stalled Redis must not stall the relay)."""
 POOL_SIZE = 32
@@ -46,6 +48,8 @@ class RedisLiveState:
         self.prefix = prefix
         self.local: dict[str, DroneRoute] = {}
         self._heartbeat: asyncio.Task[None] | None = None
+        self._ended_from = "0-0"
+        """The last entry of the stream of ended turns this relay has read."""
         self._reachable = True
         self._trusted_from = time.time()
         """Drone entries are judged by their age from here at most: after Redis failed (it
@@ -56,6 +60,8 @@ class RedisLiveState:
 
     async def start(self) -> None:
         await self.redis.ping()
+        last: Any = await self.redis.xrevrange(self.key("ended"), count=1)
+        self._ended_from = _text(last[0][0]) if last else "0-0"
         self._heartbeat = asyncio.ensure_future(self._beat())
 
     async def close(self) -> None:
@@ -102,15 +108,40 @@ class RedisLiveState:
         return _alive(text, self._trusted_from) if text else None
 
     async def append_text(self, turn_id: str, text: str) -> int:
-        seq: int = await self.redis.rpush(self.key("text", turn_id), text)
-        return seq
+        """One string and a count per turn (not a list entry per delta), changed together."""
+        body, count = self.key("livetext", turn_id), self.key("livecount", turn_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.append(body, text.encode())
+            pipe.incr(count)
+            pipe.expire(body, KEPT_FOR)
+            pipe.expire(count, KEPT_FOR)
+            _, seq, _, _ = await pipe.execute()
+        return int(seq)
 
     async def text(self, turn_id: str) -> tuple[str, int]:
-        pieces = await self.redis.lrange(self.key("text", turn_id), 0, -1)
-        return "".join(_text(p) for p in pieces), len(pieces)
+        body, count = await self.redis.mget(
+            self.key("livetext", turn_id), self.key("livecount", turn_id)
+        )
+        return (_text(body) if body else ""), int(count or 0)
 
     async def forget_turn(self, turn_id: str) -> None:
-        await self.redis.delete(self.key("text", turn_id), self.key("waiting", turn_id))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(
+                self.key("livetext", turn_id),
+                self.key("livecount", turn_id),
+                self.key("waiting", turn_id),
+            )
+            pipe.xadd(self.key("ended"), {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
+            await pipe.execute()
+
+    async def ended_elsewhere(self) -> list[str]:
+        found: Any = await self.redis.xread({self.key("ended"): self._ended_from}, count=ENDED_READ)
+        turns: list[str] = []
+        for _, entries in found or ():
+            for entry_id, fields in entries:
+                self._ended_from = _text(entry_id)
+                turns.append(_text(fields.get(b"turn") or fields.get("turn") or b""))
+        return turns
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         key = self.key("waiting", turn_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import socketio
@@ -77,14 +78,30 @@ class DroneReports:
         for turn_id in running:
             self.reaper.forget(turn_id)
         await self.directory.join(route)
-        recent = time.time() - DRONE_CALL_TIMEOUT
+        now = time.time()
         for turn in stored.values():
-            if turn.turn_id not in running and (turn.started_at or 0) < recent:
+            if turn.turn_id in running:
+                continue
+            started = turn.started_at or 0
+            if started < now - DRONE_CALL_TIMEOUT:
                 await self.turns.end_turn(turn.turn_id, NO_LONGER_RUN)
+            else:  # its order may still be on its way: see again once it cannot be
+                check = partial(self._check_reported, turn.turn_id, route)
+                self.dispatcher.background.later(started + DRONE_CALL_TIMEOUT + 1 - now, check)
         if to_abort:
             log.info("drone=%s is told to abort %d turns", route.drone_id, len(to_abort))
         self.dispatcher.wake()
         return to_abort
+
+    async def _check_reported(self, turn_id: str, route: DroneRoute) -> None:
+        """End a turn the store has on a drone that, connected here all along since it came
+        back, neither listed it, accepted it nor reported on it (it restarted and lost it)."""
+        current = self.directory.here(route.drone_id)
+        if turn_id in self.live or current is None or current.sid != route.sid:
+            return  # it runs it, or it left again (then the usual endings apply)
+        turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is not None and turn.status == "processing" and turn.drone_id == route.drone_id:
+            await self.turns.end_turn(turn_id, NO_LONGER_RUN)
 
     async def abort_on_drone(self, route: DroneRoute, turn_ids: list[str]) -> None:
         """Tell a drone to abort turns (after a reconnect: its zombies, and kept aborts)."""
@@ -96,6 +113,8 @@ class DroneReports:
 
     async def drone_left(self, route: DroneRoute) -> None:
         """A drone's connection closed: its turns end unless it comes back in time."""
+        for turn_id in [t for t, live in self.live.items() if live.drone_id == route.drone_id]:
+            del self.live[turn_id]  # attached again when the drone reports on it
         if await self.directory.leave(route):
             for turn in await self.store.processing_turns(drone_id=route.drone_id):
                 self.reaper.watch_orphan(turn.turn_id, route.drone_id)

@@ -20,6 +20,7 @@ from hangar.shared.protocol import (
     TURN_ENDED,
     TURN_STARTED,
     ListSessions,
+    OpenSession,
     ToolActivity,
 )
 
@@ -147,18 +148,23 @@ class Rooms:
             for s in sessions
         ]
 
-    async def open_session(self, viewer: User, sid: str, session_id: str) -> dict[str, Any]:
-        """Join a session's room and return its snapshot (live text of a running turn included)."""
+    async def open_session(self, viewer: User, sid: str, request: OpenSession) -> dict[str, Any]:
+        """Join a session's room and return its snapshot: its latest turns (a page of them, or
+        the page before ``request.before``), a running turn's live text and waiting calls
+        included, and whether older turns exist (``more``)."""
+        session_id = request.session_id
         session = await self.store.get_session(session_id)
         if session is None or not viewer.may_see(session.owner):
             return {"ok": False, "error": UNKNOWN_SESSION}
-        await self.join_session(sid, session_id)
-        turns = await self.store.list_turns(session_id)
-        processing = None
+        if request.before is None:
+            await self.join_session(sid, session_id)
+        turns, more = await self.store.recent_turns(session_id, request.limit, request.before)
+        processing = next(
+            (t.turn_id for t in await self.store.processing_turns(session_id=session_id)), None
+        )
         waiting: dict[str, list[ToolActivity]] = {}
         for turn in turns:
             if turn.status == "processing":
-                processing = turn.turn_id
                 turn.text, turn.text_seq = await self.live.text(turn.turn_id)
                 calls = await self.live.waiting(turn.turn_id)
                 waiting[turn.turn_id] = [ToolActivity.model_validate(c) for c in calls]
@@ -176,6 +182,7 @@ class Rooms:
             "ok": True,
             "session": session.view(processing, names.get(session.owner)).wire(),
             "turns": [view.wire() for view in views],
+            "more": more,
         }
 
     async def rename_session(self, viewer: User, session_id: str, title: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
     INSERT_TURN,
+    RECENT_TURNS,
     RENAME_SESSION,
     Ending,
     SessionBusyError,
@@ -198,6 +199,17 @@ class SqliteTurnStore:
                 (session_id,),
             ).fetchall()
             return _with_messages(self.conn, rows)
+
+        return await self._call(read)
+
+    async def recent_turns(
+        self, session_id: str, limit: int, before: str | None = None
+    ) -> tuple[list[TurnRecord], bool]:
+        def read() -> tuple[list[TurnRecord], bool]:
+            values = (session_id, before, before, before, before, limit + 1)
+            rows = self.conn.execute(RECENT_TURNS, values).fetchall()
+            page = list(reversed(rows[:limit]))
+            return _with_messages(self.conn, page), len(rows) > limit
 
         return await self._call(read)
 

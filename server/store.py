@@ -154,6 +154,16 @@ def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
     )
 
 
+RECENT_TURNS = """
+    SELECT * FROM turns WHERE session_id = ? AND (
+        CAST(? AS TEXT) IS NULL OR created_at < (SELECT created_at FROM turns WHERE turn_id = ?)
+        OR (created_at = (SELECT created_at FROM turns WHERE turn_id = ?) AND turn_id < ?)
+    ) ORDER BY created_at DESC, turn_id DESC LIMIT ?
+"""
+"""A page of a session's turns, newest first, before a turn (``?`` five times: session, then
+the ``before`` turn id four times, then the limit + 1)."""
+
+
 def end_turn_sql(from_statuses: tuple[TurnStatus, ...]) -> str:
     """The terminal write: first write wins. An ending on a person's abort names who asked."""
     marks = ", ".join("?" for _ in from_statuses)
@@ -314,6 +324,12 @@ class TurnStore(Database, Protocol):
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         """The session's turns, oldest first."""
+
+    async def recent_turns(
+        self, session_id: str, limit: int, before: str | None = None
+    ) -> tuple[list[TurnRecord], bool]:
+        """The session's latest ``limit`` turns (older than the turn ``before``, when given),
+        oldest first, and whether older ones exist."""
 
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         """Append finished messages to a turn's part of the conversation."""

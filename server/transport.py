@@ -10,18 +10,33 @@ Client input never reaches a log as a traceback:
   itself off as a connection's start or end;
 - a connection that sends ``MAX_MALFORMED`` such packets is dropped, and the log says so in a
   line per connection at most every ``LOG_EVERY`` seconds.
+
+A browser that stops reading costs a bounded amount of memory. engine.io queues what is sent to
+each connection without a limit (its writer waits on the socket); here each connection's queue
+counts what it holds. Once a browser's holds more than ``BEHIND_EVENTS`` events or
+``BEHIND_BYTES``, the relay drops the events queued for it, queues one ``resync`` instead and
+sends it nothing more until it has read that; the page then opens its session again (a fresh
+snapshot). Answers to its own requests are kept; a connection whose queue holds
+``STUCK_BYTES`` even so (it asks and never reads) is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
+import engineio
 import socketio
+from engineio import packet as eio_packet
 from socketio import packet
+
+from hangar.shared.protocol import IDE_NAMESPACE, RESYNC
+
+from .limits import QuietLog
 
 log = logging.getLogger("hangar.relay")
 
@@ -35,14 +50,163 @@ RESERVED_NAME = "Reserved event name."
 # type, optional attachment count, optional namespace, optional ack id: what an error ack needs.
 _HEAD = re.compile(r"^(\d)(?:\d+-)?(/[^,]*,)?(\d{1,15})?")
 
+"""Sent to a browser that fell behind: what it had not read was dropped; open the session again."""
+BEHIND_EVENTS = 1000
+BEHIND_BYTES = 2_000_000
+"""Events (or characters of them) queued for one browser past which it is told to resync."""
+STUCK_BYTES = 32_000_000
+"""Characters queued for one connection past which it is dropped (answers it never reads)."""
+BROWSER_EVENT = f"{packet.EVENT}{IDE_NAMESPACE},"
+"""How a socket.io event to a browser starts, as engine.io queues it."""
+behind_log = QuietLog(log)
+
+
+def browser_event(item: Any) -> bool:
+    """Whether a queued engine.io packet is an event to a browser (one that may be dropped)."""
+    data = getattr(item, "data", None)
+    return isinstance(data, str) and data.startswith(BROWSER_EVENT)
+
+
+class SendQueue(asyncio.Queue[Any]):
+    """engine.io's queue of what goes to one connection, counting what it holds."""
+
+    def _init(self, maxsize: int) -> None:
+        super()._init(maxsize)
+        self.events = 0
+        """Events to a browser queued (what a resync drops)."""
+        self.event_chars = 0
+        self.chars = 0
+        """Characters of every packet queued."""
+        self.behind = False
+        """A resync was queued: events are dropped until the browser has read it."""
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self._count(item, 1)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._count(item, -1)
+        return item
+
+    def _count(self, item: Any, sign: int) -> None:
+        data = getattr(item, "data", None)
+        if isinstance(data, str):
+            self.chars += sign * len(data)
+            if data.startswith(BROWSER_EVENT):
+                self.events += sign
+                self.event_chars += sign * len(data)
+
+    def drop(self, events_only: bool = True) -> int:
+        """Drop the events queued for a browser (engine.io's own packets and answers stay), or
+        every packet (the writer's end-of-queue mark stays)."""
+        queued: deque[Any] = self._queue  # type: ignore[attr-defined]
+        kept = [i for i in queued if i is None or (events_only and not browser_event(i))]
+        dropped = len(queued) - len(kept)
+        queued.clear()
+        queued.extend(kept)
+        self.events = self.event_chars = 0
+        self.chars = sum(len(i.data) for i in kept if isinstance(getattr(i, "data", None), str))
+        for _ in range(dropped):
+            self.task_done()
+        return dropped
+
+
+class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
+    """engine.io's server, with a counting queue per connection."""
+
+    def create_queue(self, *args: Any, **kwargs: Any) -> SendQueue:
+        return SendQueue(*args, **kwargs)
+
+
+class TextPacket(packet.Packet):  # type: ignore[misc]
+    """socket.io's packet without its search of every payload for binary values (half the
+    cost of encoding a work order's history): Hangar sends JSON only, and a bytes value fails
+    to encode, loudly. A client's binary packet is refused before it is handled (above)."""
+
+    uses_binary_events = False
+
 
 class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
     def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+        super().__init__(**{"serializer": TextPacket, **options})
         self._malformed: dict[str, int] = {}
         self._logged_at: dict[str, float] = {}
         self._dropped: OrderedDict[str, None] = OrderedDict()
         """Connections dropped for their packets: what they had already sent is ignored."""
+        self.resyncs = 0
+        """Browsers told to resync so far (each time one fell behind)."""
+
+    def _engineio_server_class(self) -> type[engineio.AsyncServer]:
+        return RelayEngine
+
+    async def emit(
+        self,
+        event: str,
+        data: Any = None,
+        to: Any = None,
+        room: Any = None,
+        skip_sid: Any = None,
+        namespace: str | None = None,
+        callback: Any = None,
+        ignore_queue: bool = False,
+    ) -> None:
+        """python-socketio's ``emit``; an event for this relay's clients only (no other relay
+        to tell, no answer awaited) is put straight into each recipient's queue (below)."""
+        here = ignore_queue or type(self.manager).emit is socketio.AsyncManager.emit
+        if callback is not None or not here:
+            await super().emit(
+                event, data, to, room, skip_sid, namespace, callback, ignore_queue=ignore_queue
+            )
+            return
+        namespace = namespace or "/"
+        if namespace not in self.manager.rooms:
+            return
+        args = list(data) if isinstance(data, tuple) else [] if data is None else [data]
+        encoded = self.packet_class(packet.EVENT, namespace=namespace, data=[event, *args])
+        message = eio_packet.Packet(eio_packet.MESSAGE, encoded.encode())
+        skip = skip_sid if isinstance(skip_sid, list) else [skip_sid]
+        # What python-socketio's manager does, less a task per recipient and the wait for
+        # them all: a put into a connection's queue never waits.
+        for sid, eio_sid in self.manager.get_participants(namespace, to or room):
+            if sid not in skip:
+                await self._send_eio_packet(eio_sid, message)
+
+    async def _send_packet(self, eio_sid: str, pkt: packet.Packet) -> None:
+        event = pkt.packet_type == packet.EVENT and pkt.namespace == IDE_NAMESPACE
+        if self._room_for(eio_sid, event):
+            await super()._send_packet(eio_sid, pkt)
+
+    async def _send_eio_packet(self, eio_sid: str, eio_pkt: eio_packet.Packet) -> None:
+        if self._room_for(eio_sid, browser_event(eio_pkt)):
+            await super()._send_eio_packet(eio_sid, eio_pkt)
+
+    def _room_for(self, eio_sid: str, event: bool) -> bool:
+        """Whether to queue a packet for the connection: not an event for a browser that fell
+        behind (it is told to resync once), nothing for one that never reads its answers."""
+        queue = getattr(self.eio.sockets.get(eio_sid), "queue", None)
+        if not isinstance(queue, SendQueue):
+            return True
+        if not event:
+            if queue.chars < STUCK_BYTES:
+                return True
+            behind_log.warning("dropped a connection that does not read (%d queued)", queue.chars)
+            self.start_background_task(self._drop, eio_sid)
+            return False
+        if queue.behind:
+            if queue.events:
+                return False  # it has not read the resync yet
+            queue.behind = False
+            return True
+        if queue.events < BEHIND_EVENTS and queue.event_chars < BEHIND_BYTES:
+            return True
+        dropped = queue.drop()
+        notice = self.packet_class(packet.EVENT, namespace=IDE_NAMESPACE, data=[RESYNC, {}])
+        queue.put_nowait(eio_packet.Packet(eio_packet.MESSAGE, data=notice.encode()))
+        queue.behind = True
+        self.resyncs += 1
+        behind_log.warning("a browser fell behind: %d events dropped, told to resync", dropped)
+        return False
 
     async def _handle_eio_message(self, eio_sid: str, data: Any) -> None:
         """python-socketio's own dispatch, less binary packets, after one decode and check."""
@@ -64,6 +228,11 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
     async def _handle_eio_disconnect(self, eio_sid: str, reason: Any) -> None:
         self._malformed.pop(eio_sid, None)
         self._logged_at.pop(eio_sid, None)
+        queue = getattr(self.eio.sockets.get(eio_sid), "queue", None)
+        if reason == self.eio.reason.PING_TIMEOUT and isinstance(queue, SendQueue):
+            # It stopped reading: engine.io's writer may wait on its socket for as long as
+            # the connection stays open, and what is queued would never be read.
+            queue.drop(events_only=False)
         await super()._handle_eio_disconnect(eio_sid, reason)
 
     async def _refuse(self, eio_sid: str, data: Any, refusal: str) -> None:

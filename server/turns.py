@@ -320,9 +320,11 @@ class TurnLifecycle:
         except Exception as error:
             log.warning("could not end turn=%s now: %s", turn_id, _brief(error))
 
-    def keep_live(self, processing: set[str]) -> None:
-        for turn_id in [t for t in self.live if t not in processing]:
-            del self.live[turn_id]  # ended through another relay
+    def started(self, turn: TurnRecord) -> None:
+        """Its drone accepted the turn's work order: live here if the drone is connected here."""
+        if turn.drone_id is not None and self.directory.here(turn.drone_id) is not None:
+            live = LiveTurn(turn.turn_id, turn.session_id, turn.owner, turn.drone_id)
+            self.live.setdefault(turn.turn_id, live)
 
 
 def _brief(error: BaseException) -> str:

@@ -64,6 +64,9 @@ WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
 DRONES = "drones"
 SESSION_CHANGED = "sessionChanged"
 SESSION_REMOVED = "sessionRemoved"
+RESYNC = "resync"
+"""``{}``: this browser missed events (it fell behind, or the relays lost Redis for a while):
+open the session again for a fresh snapshot."""
 # relay -> drone
 WORK_ORDER = "workOrder"
 DISMISSED = "dismissed"
@@ -83,6 +86,7 @@ UNKNOWN_TURN = "Unknown turn"
 TOOL_CANCELLED = "Tool execution was cancelled by user."
 TOOL_LOST = "The drone was lost before this tool finished."
 NO_SUCH_CALL = "No such tool call is waiting for approval."
+HISTORY_MISS = "The drone does not have this session's history."
 """The result the relay gives a tool call left open by an ending it decided (not an abort)."""
 STALLED = "The model service stopped responding."
 RETRY_LATER = "The relay could not store this now; send it again."
@@ -117,8 +121,20 @@ class AbortWorkOrderRequest(Wire):
     end the turn aborted. A later ``now`` abort (a second press) still stops it at once."""
 
 
-class OpenSession(Wire):
+class SessionRef(Wire):
+    """A payload naming one session (``deleteSession``)."""
+
     session_id: Id
+
+
+TURNS_PER_PAGE = 30
+"""Turns ``openSession`` returns at most at once (the latest first; older ones on request)."""
+
+
+class OpenSession(SessionRef):
+    before: Id | None = None
+    """Only turns older than this one (the next page back)."""
+    limit: int = Field(default=TURNS_PER_PAGE, ge=1, le=200)
 
 
 class ListSessions(Wire):
@@ -130,7 +146,7 @@ class ListSessions(Wire):
     limit: int = Field(default=50, ge=1, le=100)
 
 
-class RenameSession(OpenSession):
+class RenameSession(SessionRef):
     title: str = Field(max_length=200)  # stored on one line
 
 
@@ -145,6 +161,8 @@ class DroneRecord(Wire):
     provider: str = Field(min_length=1, max_length=64)
     model: str = Field(min_length=1, max_length=256)
     concurrency: int = Field(default=1, ge=1, le=1024)
+    history_cache: bool = False
+    """The drone keeps sessions' histories: work orders may send only what it lacks."""
 
 
 class DroneView(DroneRecord):
@@ -228,6 +246,11 @@ class WorkOrder(Wire):
     history: list[ChatMessage] = Field(default_factory=list)
     approved_tools: list[str] = Field(default_factory=list)
     """Tools the person approved "always for this session": they run without asking."""
+    history_base: Id | None = None
+    """Set when ``history`` is only the end of the conversation: the drone takes the first
+    ``history_from`` messages from the history of this turn's order (one it ran in this
+    session), then ``history``. A drone that no longer has it answers ``HISTORY_MISS``."""
+    history_from: int = Field(default=0, ge=0)
 
 
 class ToolApproval(Wire):

@@ -315,11 +315,12 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         concurrency: int = 1,
         tools: str = "all=allow",
         env: dict[str, str] | None = None,
+        token: str = DRONE_TOKEN,
     ) -> subprocess.Popen[bytes]:
         settings = upstream.drone_settings()
         args = [
             *HANGAR, "drone", "--server", server,
-            "--token", DRONE_TOKEN, "--name", name, "--concurrency", str(concurrency),
+            "--token", token, "--name", name, "--concurrency", str(concurrency),
             "--provider", settings["provider"], "--model", settings["model"],
             "--workdir", str(tmp_path), "--tools", tools,
         ]  # fmt: skip

@@ -6,6 +6,7 @@ are the test's own (``bench/services.py``); the machine's shared ones are never 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -20,10 +21,17 @@ from bench.services import OwnPostgres, OwnRedis, free_port
 from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
+from hangar.server.connections import UNAVAILABLE
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore
-from hangar.shared.protocol import ABORT_SIGNALED, ABORTED, TOOL_CANCELLED, TOOL_LOST
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    ABORTED,
+    RESYNC,
+    TOOL_CANCELLED,
+    TOOL_LOST,
+)
 from tests.conftest import (
     DRONE_TOKEN,
     HANGAR,
@@ -389,6 +397,10 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
 
         # The drone is listed again within a heartbeat; the turn was never ended for it.
         await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+        if fault == "restarted-empty":  # what crossed Redis meanwhile is gone: the page resyncs
+            await eventually(
+                lambda: [e for e, _ in browser.events if e == RESYNC], 10, "a resync notice"
+            )
         _, success, message = await browser.completion(turn_id, timeout=30)
         assert success is True, message
         turn = await stored(store, turn_id)
@@ -418,7 +430,9 @@ async def test_a_postgres_crash_delays_endings_but_loses_none(
     own_postgres: OwnPostgres,
     openai_peer: OpenAIPeer,
     start_drone_on: Start,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO)
     config = RelayConfig(
         port=0,
         database=own_postgres.url,
@@ -442,6 +456,8 @@ async def test_a_postgres_crash_delays_endings_but_loses_none(
 
         await asyncio.to_thread(own_postgres.kill)
         assert await browser.abort(second) == (True, ABORT_SIGNALED)
+        # What needs the database is refused with a sentence, not a traceback in the log.
+        assert await browser.submit("During the outage") == {"ok": False, "error": UNAVAILABLE}
         await eventually(lambda: openai_peer.requests[0].completed, 10, "the first answer")
         await asyncio.sleep(3)  # the outage goes on past the drone's answer
         await asyncio.to_thread(own_postgres.start)
@@ -460,6 +476,9 @@ async def test_a_postgres_crash_delays_endings_but_loses_none(
         await browser.close()
     finally:
         await runner.cleanup()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
+    ]
 
 
 async def test_a_completion_held_up_past_the_drones_wait_is_delivered_later(
@@ -524,3 +543,38 @@ async def start_drone_on() -> AsyncIterator[Callable[..., Any]]:
     for root, _ in started:
         root.abort(AbortError("stop", cause="operator"))
     await asyncio.gather(*(task for _, task in started), return_exceptions=True)
+
+
+async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_it_lost(
+    tmp_path: Path, openai_peer: OpenAIPeer, drone_process: Start
+) -> None:
+    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), drone_grace=5.0)
+    runner, port = await start_relay(config)
+    relay = runner.app[RELAY]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        token = await relay.accounts.create_drone_token("keeper")
+        browser = await Browser(url, await People(relay.accounts).token("ada")).connect()
+        openai_peer.script(SLOW)
+        first = drone_process(Upstream("openai", openai_peer), server=url, token=token)
+        await eventually(lambda: relay.directory.local, timeout=15, what="the drone")
+        turn_id = (await browser.submit("Stream for a while"))["turnId"]
+        await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+        first.send_signal(signal.SIGKILL)
+        # The same drone (its own token, so its own name) is back within the grace, as a new
+        # process that knows nothing of the turn.
+        drone_process(Upstream("openai", openai_peer), server=url, token=token, name="again")
+        await eventually(lambda: relay.directory.local, timeout=15, what="the drone back")
+
+        _, success, message = await browser.completion(turn_id, timeout=20)
+        assert (success, message) == (False, "The drone restarted and no longer runs this turn.")
+        assert await relay.store.processing_turns() == []
+        openai_peer.script(Reply(chunks=["back ", "again"]))
+        ack = await browser.submit(
+            "And now?", sessionId=(await stored(relay.store, turn_id)).session_id
+        )
+        assert (await browser.completion(ack["turnId"], timeout=20))[1:] == (True, "back again")
+        await browser.close()
+    finally:
+        await runner.cleanup()

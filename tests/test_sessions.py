@@ -22,8 +22,8 @@ from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, SESSION_BUSY, UNKNOWN_SESSION
 from hangar.server.schema import migrations
 from hangar.server.sqlite_store import SqliteTurnStore
-from hangar.server.store import SessionRecord
-from hangar.shared.protocol import ABORT_SIGNALED, SESSION_CHANGED, SESSION_REMOVED
+from hangar.server.store import Ending, SessionRecord, TurnRecord
+from hangar.shared.protocol import ABORT_SIGNALED, SESSION_CHANGED, SESSION_REMOVED, ChatMessage
 from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, Upstream, eventually
 
 Start = Callable[..., Any]
@@ -471,3 +471,40 @@ async def test_a_rename_through_one_relay_reaches_the_owners_browser_on_another(
         await on_a.close()
         await on_b.close()
         await store.close()
+
+
+# ---- a long session is opened a page at a time
+
+
+async def test_a_long_session_opens_with_its_latest_turns_and_pages_back(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    alice = await browsers("alice")
+    owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_long", owner, "A long one"))
+    for number in range(45):
+        turn = TurnRecord(
+            f"t_{number:03d}",
+            "s_long",
+            owner,
+            f"question {number}",
+            status="processing",
+            created_at=1000.0 + number,
+            messages=[ChatMessage(role="user", content=f"question {number}")],
+        )
+        await store.create_turn(turn)
+        await store.end_turn(turn.turn_id, Ending("finished", "done", "finished", "answer"))
+
+    latest = await alice.call("openSession", {"sessionId": "s_long"})
+    older = await alice.call("openSession", {"sessionId": "s_long", "before": "t_015"})
+
+    assert [t["prompt"] for t in latest["turns"]] == [f"question {n}" for n in range(15, 45)]
+    assert latest["more"] is True
+    assert [t["prompt"] for t in older["turns"]] == [f"question {n}" for n in range(15)]
+    assert older["more"] is False
+    stranger = await browsers("bob")
+    assert await stranger.call("openSession", {"sessionId": "s_long", "before": "t_015"}) == {
+        "ok": False,
+        "error": UNKNOWN_SESSION,
+    }

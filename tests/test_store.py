@@ -228,6 +228,26 @@ async def test_turns_of_a_session_are_listed_oldest_first_with_their_messages(
     assert await store.list_turns("s_missing") == []
 
 
+async def test_a_long_session_is_read_a_page_at_a_time_latest_first(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_session(store, "s_2")
+    for number in range(75):
+        prompt = [ChatMessage(role="user", content=f"prompt of t_{number:03d}")]
+        await new_turn(store, f"t_{number:03d}", "s_1", created_at=float(number), messages=prompt)
+        await end(store, f"t_{number:03d}", "finished", "done", "")
+    await new_turn(store, "t_other", "s_2", created_at=50.5)
+
+    latest, more = await store.recent_turns("s_1", 30)
+    before, more_before = await store.recent_turns("s_1", 30, before=latest[0].turn_id)
+    first, more_first = await store.recent_turns("s_1", 30, before=before[0].turn_id)
+
+    assert [t.turn_id for t in latest] == [f"t_{n:03d}" for n in range(45, 75)]
+    assert [t.turn_id for t in before] == [f"t_{n:03d}" for n in range(15, 45)]
+    assert [t.turn_id for t in first] == [f"t_{n:03d}" for n in range(15)]
+    assert (more, more_before, more_first) == (True, True, False)
+    assert [m.content for m in latest[0].messages] == ["prompt of t_045"]
+
+
 # ---- first terminal write wins
 
 

@@ -1,0 +1,139 @@
+"""A burst of aborts: 200 turns stream (4 drones × 50, one browser connection each, a person
+each), then every one is aborted in the same instant; emit → ack and emit → complete, with the
+steps between from the processes' logs (``bench.timeline``).
+
+    .venv/bin/python -m bench.abort_burst [--streams 200] [--runs 3] [--profile]
+
+Each run starts its own processes; the figures are the medians of the runs' percentiles.
+``--profile`` samples the relay and one drone with py-spy during the aborts of the last run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from .common import (
+    Browser,
+    Stack,
+    connect_browsers,
+    cpu_load,
+    quantile,
+    run_main,
+    table,
+    wait_drones,
+    wait_quiet,
+    with_children,
+)
+from .profiling import py_spy, top_frames
+from .timeline import STEPS, Run, collect
+
+TARGETS = {"ack": 50.0, "complete": 100.0}
+
+
+async def abort_one(browser: Browser, turn_id: str, run: Run) -> None:
+    emitted, acked, success, message = await browser.abort(turn_id)
+    run.emitted[turn_id] = emitted
+    run.stamp("ack", turn_id, acked)
+    if (success, message) != (True, "Abort signaled"):
+        run.failures.append(f"{turn_id}: ack {success} {message!r}")
+    await asyncio.wait_for(browser.done[turn_id].wait(), 30)
+    run.stamp("complete", turn_id, browser.completed[turn_id][0])
+
+
+async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tuple[Run, str]:
+    stack = Stack(workdir)
+    browsers: list[Browser] = []
+    try:
+        relay, relay_proc = await stack.relay()
+        peer, peer_proc = await stack.peer("openai", args.interval)
+        per_drone = -(-args.streams // args.drones)
+        drones = [
+            stack.drone(relay, "openai", peer, per_drone, f"drone-{i}") for i in range(args.drones)
+        ]
+        await wait_drones(relay, args.drones)
+        browsers = await connect_browsers(relay, args.streams)
+        run = Run(f"{args.streams} streams, burst", loaded=True)
+        owner: dict[str, Browser] = {}
+        for i, browser in enumerate(browsers):
+            prompt = f"bench burst {time.time()} {i}"
+            turn_id = await browser.submit(prompt)
+            run.prompts[turn_id], owner[turn_id] = prompt, browser
+        waits = [b.first_progress[t].wait() for t, b in owner.items()]
+        await asyncio.wait_for(asyncio.gather(*waits), 60)
+        quiet = await wait_quiet()
+        spies = [py_spy(stack, t, 3, "burst") for t in (relay_proc, drones[0]) if profile]
+        if spies:
+            await asyncio.sleep(0.5)  # py-spy attached
+        turns = list(owner)
+        random.shuffle(turns)
+        pids = {"relay": [relay_proc.pid]}
+        pids["drones"] = [pid for d in drones for pid in with_children(d.pid)]
+        pids |= {"peer": [peer_proc.pid], "bench": [os.getpid()]}
+        with cpu_load(pids) as cpu:
+            await asyncio.gather(*(abort_one(owner[t], t, run) for t in turns))
+        note = f"{quiet}; load {os.getloadavg()[0]:.2f}; CPU while aborting: "
+        run.note = note + ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+        await collect(run, peer, relay_proc, drones)
+        for spy, _ in spies:
+            await asyncio.to_thread(spy.popen.wait, 30)
+        return run, "\n".join(top_frames(path) for _, path in spies if path.exists())
+    finally:
+        for browser in browsers:
+            await browser.close()
+        stack.stop()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    runs: list[Run] = []
+    profiles = ""
+    with tempfile.TemporaryDirectory(prefix="hangar-bench-") as tmp:
+        for i in range(args.runs):
+            last = i == args.runs - 1
+            workdir = Path(args.logs or tmp) / f"run-{i}"
+            run, found = await one_run(args, workdir, args.profile and last)
+            runs.append(run)
+            profiles += found
+    rows = []
+    for step, _ in STEPS:
+        per_run = []
+        for run in runs:
+            end = run.stamps.get(step, {})
+            per_run.append([end[t] - run.emitted[t] for t in run.emitted if t in end])
+        if not all(per_run):
+            continue
+        p50, p99, top = (
+            statistics.median(quantile(v, q) * 1000 for v in per_run) for q in (0.5, 0.99, 1.0)
+        )
+        target = TARGETS.get(step)
+        verdict = f"≤ {target:g}: {'met' if p99 <= target else '**missed**'}" if target else ""
+        rows.append([step, len(per_run[0]), f"{p50:.1f}", f"{p99:.1f}", f"{top:.1f}", verdict])
+    print(f"a burst of {args.streams} aborts; medians of {len(runs)} runs")
+    print(table(["emit → step", "n per run", "p50 ms", "p99 ms", "max ms", "p99 target"], rows))
+    for i, run in enumerate(runs):
+        print(f"- run {i + 1}: {run.note}")
+        for failure in run.failures[:5]:
+            print(f"  - {failure}")
+    if profiles:
+        print(profiles)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--drones", type=int, default=4)
+    parser.add_argument("--interval", type=float, default=0.5, help="s between chunks")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="py-spy relay and a drone")
+    parser.add_argument("--logs", help="keep the processes' logs (and profiles) here")
+    run_main(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
