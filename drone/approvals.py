@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hangar.shared.abort import AbortSignal, AbortTimeoutError
-from hangar.shared.protocol import NO_SUCH_CALL, ToolCall
+from hangar.shared.protocol import NO_SUCH_CALL, TOOL_NOT_RUN, ToolCall
 
 from .agent import Report
 from .tools.policy import ToolPolicy
@@ -24,15 +24,15 @@ log = logging.getLogger("hangar.drone")
 
 APPROVAL_TIMEOUT = 600.0
 """Seconds a tool call waits for a person before it counts as declined."""
-DECLINED = "The person declined this tool call; it did not run."
+DECLINED = "The person declined this tool call" + TOOL_NOT_RUN
 
 
 def not_allowed(name: str) -> str:
-    return f"This drone does not allow the tool {name}; it did not run."
+    return f"This drone does not allow the tool {name}" + TOOL_NOT_RUN
 
 
 def unanswered(seconds: float) -> str:
-    return f"Nobody approved this tool call within {seconds:g} s; it did not run."
+    return f"Nobody approved this tool call within {seconds:g} s" + TOOL_NOT_RUN
 
 
 @dataclass

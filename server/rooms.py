@@ -7,6 +7,7 @@ change, one session at a time (``sessionChanged``, ``sessionRemoved``), never th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -31,6 +32,8 @@ from .live_state import LiveState
 from .store import SessionBusyError, SessionCursor, SessionRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
+SESSION_COALESCE = 0.05
+"""Seconds a session's changed line waits for the session's other changes."""
 
 UNKNOWN_SESSION = "Unknown session."
 """The refusal for a session that does not exist or is someone else's (the same for both)."""
@@ -73,6 +76,9 @@ class Rooms:
         self.live = live
         self.accounts = accounts
         self.quiet = QuietLog(log)
+        self._moved: set[str] = set()
+        """Sessions whose line changed and goes out with the next ``SESSION_COALESCE``."""
+        self._sending: asyncio.Task[None] | None = None
 
     async def join_session(self, sid: str, session_id: str) -> None:
         await self.sio.enter_room(sid, session_room(session_id), namespace=IDE_NAMESPACE)
@@ -82,6 +88,16 @@ class Rooms:
         session's line in its owner's list (``SESSION_MOVES``)."""
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
         if event in SESSION_MOVES:
+            self._moved.add(session_id)
+            if self._sending is None or self._sending.done():
+                self._sending = asyncio.ensure_future(self._send_moved())
+
+    async def _send_moved(self) -> None:
+        """One ``sessionChanged`` per session that moved in the last moment: a turn that starts
+        and ends at once, or a burst of endings, costs each session one line, not one each."""
+        await asyncio.sleep(SESSION_COALESCE)
+        moved, self._moved = self._moved, set()
+        for session_id in moved:
             await self.send_session(session_id)
 
     def watched_here(self, session_id: str) -> bool:

@@ -16,20 +16,24 @@ function abortAnswer([success, message]) {
   return { success: Boolean(success), message: typeof message === "string" ? message : "" };
 }
 
+/** The toasts about aborting share one place: each replaces the one before (see `toast`). */
+const ABORT_TOAST = "abort";
+
 async function askToAbort(payload) {
   if (!socket.connected) {
-    toast("Not connected to the relay: cannot abort right now.", { error: true });
+    toast("Not connected to the relay: cannot abort right now.", { error: true, key: ABORT_TOAST });
     return null;
   }
   try {
     return abortAnswer(await request(ABORT_WORK_ORDER, payload));
   } catch {
-    toast("The relay did not answer the abort request.", { error: true });
+    toast("The relay did not answer the abort request.", { error: true, key: ABORT_TOAST });
     return null;
   }
 }
 
-export function createAbortControls(state, { conversation }) {
+/** `focusPrompt()` puts the keyboard back in the prompt whenever an abort is asked for. */
+export function createAbortControls(state, { conversation, focusPrompt }) {
   const cancel = byId("cancel");
   const stop = byId("stop-after-step");
 
@@ -41,7 +45,9 @@ export function createAbortControls(state, { conversation }) {
      * stops it now); "aborting" (signaled; the turn ends soon).
      */
     phase: "idle",
-    /** The "Aborting…" toast, dismissed once the phase is no longer "aborting". */
+    /** What the pending request asks: "now" or "after_step". */
+    requested: null,
+    /** The "Aborting…" toast (after Esc Esc), dismissed when the turn no longer aborts. */
     abortingToast: null,
     /** `{timer, toast}` after a first Esc: a second one within ESC_WINDOW_MS aborts. */
     escArm: null,
@@ -57,17 +63,23 @@ export function createAbortControls(state, { conversation }) {
     abort.phase = "idle";
   }
 
+  /** Whether an immediate abort is asked for or under way: "Aborting…" from the press on. */
+  function aborting() {
+    return abort.phase === "aborting" || (abort.phase === "requesting" && abort.requested === "now");
+  }
+
   /** Bring the buttons and the Esc listener in line with the open session's running turn. */
   function sync() {
     follow(state.currentSessionId ? conversation.processingTurnId() : null);
-    if (abort.phase !== "aborting" && abort.abortingToast) {
+    if (!aborting() && abort.abortingToast) {
       // The turn has ended (its card now says how): "Aborting…" would no longer be true.
       abort.abortingToast.dismiss();
       abort.abortingToast = null;
     }
     const running = abort.turnId !== null;
     const { phase } = abort;
-    cancel.textContent = phase === "aborting" ? "Aborting..." : "Cancel";
+    cancel.textContent = aborting() ? "Aborting…" : "Cancel";
+    cancel.classList.toggle("aborting", aborting());
     cancel.disabled = running && phase !== "idle" && phase !== "stopping";
     cancel.hidden = !running;
     stop.textContent = phase === "stopping" ? "Stop now" : "Stop after this step";
@@ -81,22 +93,24 @@ export function createAbortControls(state, { conversation }) {
     const before = abort.phase;
     if (!turnId || (before !== "idle" && before !== "stopping")) return;
     if (mode === "after_step" && before === "stopping") mode = "now";
+    // Before Cancel is disabled, so the keyboard never falls back to <body>.
+    if (mode === "now") focusPrompt();
     disarmEsc();
     abort.phase = "requesting";
+    abort.requested = mode;
     sync();
     const answer = await askToAbort({ turnId, mode });
     const current = abort.turnId === turnId && abort.phase === "requesting";
     if (current) abort.phase = before;
     if (answer && !answer.success) {
-      toast(answer.message || "The turn could not be aborted.", { error: true });
+      toast(answer.message || "The turn could not be aborted.", { error: true, key: ABORT_TOAST });
     } else if (answer && mode === "after_step" && answer.message === STOP_AFTER_STEP) {
       if (current) abort.phase = "stopping";
       state.cards.get(turnId)?.setStopping(true);
-    } else if (answer) {
-      abort.abortingToast?.dismiss();
-      abort.abortingToast = toast("Aborting…");
-      if (current) abort.phase = "aborting";
+    } else if (answer && current) {
+      abort.phase = "aborting";
     }
+    if (!answer || !answer.success) abort.abortingToast = null; // replaced by the error, or gone
     sync();
   }
 
@@ -106,18 +120,22 @@ export function createAbortControls(state, { conversation }) {
     card.setCancelling(true);
     const answer = await askToAbort({ turnId: card.turnId });
     if (answer?.success) return; // its card ends with the turn
-    if (answer) toast(answer.message || "The turn could not be cancelled.", { error: true });
+    if (answer) toast(answer.message || "The turn could not be cancelled.", { error: true, key: ABORT_TOAST });
     card.setCancelling(false);
   }
 
   function onEscKeydown(e) {
     if (e.key !== "Escape" || e.repeat || !abort.turnId) return;
     if (!abort.escArm) {
-      const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS });
+      const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS, key: ABORT_TOAST });
       abort.escArm = { toast: warning, timer: setTimeout(disarmEsc, ESC_WINDOW_MS) };
       return;
     }
-    disarmEsc();
+    if (abort.phase !== "idle" && abort.phase !== "stopping") return;
+    // The warning becomes the news, in the same place: one toast, never two.
+    clearTimeout(abort.escArm.timer);
+    abort.escArm = null;
+    abort.abortingToast = toast("Aborting…", { duration: 0, key: ABORT_TOAST });
     requestAbort("now");
   }
 

@@ -10,6 +10,7 @@ export function watchAccount(onUser) {
   const name = byId("account-name");
   const role = byId("account-role");
   const demoNote = byId("demo-note");
+  const demoPrompts = byId("demo-prompts");
 
   socket.on(HELLO, (payload) => {
     const user = payload?.user;
@@ -19,6 +20,7 @@ export function watchAccount(onUser) {
     role.hidden = user.role !== "admin";
     block.hidden = false;
     demoNote.hidden = !payload.demo;
+    demoPrompts.hidden = !payload.demo;
     onUser({ name: user.name, admin: user.role === "admin" });
   });
 }

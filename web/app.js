@@ -3,11 +3,13 @@
 import { watchAccount } from "./account.js";
 import { createControls } from "./controls.js";
 import { createConversation } from "./conversation.js";
+import { copyFor } from "./copy.js";
 import { createDronePicker } from "./drones.js";
 import {
   completionStatus,
   DRONES,
-  SESSIONS,
+  SESSION_CHANGED,
+  SESSION_REMOVED,
   TURN_ENDED,
   TURN_QUEUED,
   TURN_STARTED,
@@ -21,7 +23,7 @@ import { socket, watchConnection } from "./socket.js";
 const state = {
   /** The relay's drones, sorted by name. */
   drones: [],
-  /** The person's sessions (SessionView). */
+  /** The person's sessions the sidebar has loaded (SessionView), latest activity first. */
   sessions: [],
   /** Whether the sidebar lists everyone's sessions (admins only). */
   everyone: false,
@@ -52,6 +54,10 @@ const conversation = createConversation(state, {
     me: () => state.me,
     cancelQueued: (card) => controls.cancelQueued(card),
     focusLost: () => controls.focusPrompt(),
+    copyAnswer: (card, button) => copyFor(button, card.answer),
+    retry: (card) => controls.resend(card.prompt),
+    edit: (card) => controls.edit(card.prompt),
+    canWrite: () => controls.canWrite(),
   },
   onStatus: (card) => sessions.turnStatus(card),
   onChange: () => controls.sync(),
@@ -68,7 +74,7 @@ const controls = createControls(state, { conversation, sessions, drones });
 watchConnection(() => {
   conversation.forgetOthers();
   drones.load();
-  sessions.load();
+  sessions.reload();
   if (state.currentSessionId) sessions.open(state.currentSessionId);
 });
 
@@ -76,8 +82,9 @@ socket.on(DRONES, (list) => {
   if (Array.isArray(list)) drones.set(list);
 });
 
-socket.on(SESSIONS, (list) => {
-  if (Array.isArray(list)) sessions.changed(list);
+socket.on(SESSION_CHANGED, (change) => sessions.changed(change?.session));
+socket.on(SESSION_REMOVED, (removal) => {
+  if (removal?.sessionId) sessions.removed(removal.sessionId);
 });
 
 watchAccount((user) => {
@@ -117,6 +124,8 @@ window.hangar = {
   socket,
   currentSessionId: () => state.currentSessionId,
   processingTurnId: controls.processingTurnId,
+  /** The text a turn's answer streamed, exactly (what its Copy button copies). */
+  answerText: (turnId) => state.cards.get(turnId)?.answer ?? null,
 };
 
 drones.render();

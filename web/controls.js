@@ -1,5 +1,6 @@
 // The prompt form: submit a work order, queue a follow-up or interrupt the running turn with it,
-// and the buttons that stop the running turn (see abort.js).
+// send an earlier prompt again (retry, edit, ArrowUp), and the buttons that stop the running
+// turn (see abort.js).
 
 import { createAbortControls } from "./abort.js";
 import { SUBMIT_WORK_ORDER } from "./protocol.js";
@@ -21,9 +22,22 @@ export function createControls(state, { conversation, sessions, drones }) {
   const interrupt = byId("interrupt");
   const runBar = byId("run-bar");
   const buttons = [submit, interrupt, byId("cancel"), byId("stop-after-step")];
-  const abort = createAbortControls(state, { conversation });
+  const abort = createAbortControls(state, { conversation, focusPrompt });
   let submitting = false;
+  /** While ArrowUp/ArrowDown walk the session's prompts: `{index, value}` of the one shown. */
+  let recalled = null;
   showModifierKey(interrupt);
+
+  /** The keyboard to the prompt; to the conversation when the prompt is disabled (watching). */
+  function focusPrompt() {
+    if (prompt.disabled) byId("conversation").focus();
+    else prompt.focus();
+  }
+
+  /** Whose session is open when it is someone else's (an admin watching), else undefined. */
+  function ownerOfOpenSession() {
+    return state.sessions.find((s) => s.sessionId === state.currentSessionId)?.ownerName;
+  }
 
   /** Bring the buttons in line with the open session's turns. */
   function sync() {
@@ -34,7 +48,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     interrupt.hidden = !running;
     runBar.hidden = !running;
     // An admin may watch and abort someone else's session, not write in it.
-    const owner = state.sessions.find((s) => s.sessionId === state.currentSessionId)?.ownerName;
+    const owner = ownerOfOpenSession();
     prompt.disabled = Boolean(owner);
     prompt.placeholder = owner
       ? `${owner}'s session: you can watch and abort its turns, not add to it.`
@@ -50,9 +64,13 @@ export function createControls(state, { conversation, sessions, drones }) {
   }
 
   /** Send the prompt; in a session with a running turn, `mode` "queue" runs it after, "interrupt" instead. */
-  async function submitPrompt(mode) {
+  function submitPrompt(mode) {
+    return send(prompt.value, mode, { fromComposer: true });
+  }
+
+  /** Send `text` as a new turn; from the composer, it is emptied once the relay took it. */
+  async function send(text, mode, { fromComposer }) {
     if (submitting) return;
-    const text = prompt.value;
     if (!text.trim()) {
       prompt.focus();
       return;
@@ -68,6 +86,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     if (droneId) payload.droneId = droneId;
 
     submitting = true;
+    conversation.follow(); // a person who sends something wants to see it answered
     sync();
     let res;
     try {
@@ -83,8 +102,9 @@ export function createControls(state, { conversation, sessions, drones }) {
       toast(res?.error || "The work order was refused.", { error: true });
       return;
     }
-    if (prompt.value === text) {
+    if (fromComposer && prompt.value === text) {
       prompt.value = "";
+      recalled = null;
       autosize();
     }
     if (buttons.includes(document.activeElement)) prompt.focus();
@@ -113,6 +133,41 @@ export function createControls(state, { conversation, sessions, drones }) {
     }
   }
 
+  /** Retry: the same prompt again, as a new turn (queued after a running one). */
+  function resend(text) {
+    return send(text, "queue", { fromComposer: false });
+  }
+
+  /** Edit and resend: the prompt goes in the composer, to be changed and sent as a new turn. */
+  function edit(text) {
+    prompt.value = text;
+    recalled = null;
+    autosize();
+    prompt.focus();
+    prompt.setSelectionRange(text.length, text.length);
+  }
+
+  /**
+   * ArrowUp in an empty composer shows the session's previous prompt, again for the one before;
+   * ArrowDown goes back towards the empty composer. Typing ends the walk (the text is the
+   * person's then), and a composer with text of its own keeps the arrows for the caret.
+   */
+  function recall(e) {
+    if (e.shiftKey || e.altKey || e.ctrlKey || e.metaKey || e.isComposing) return false;
+    const up = e.key === "ArrowUp";
+    if (recalled && prompt.value !== recalled.value) recalled = null;
+    if (!recalled && (prompt.value !== "" || !up)) return false;
+    const history = conversation.prompts();
+    const index = (recalled ? recalled.index : history.length) + (up ? -1 : 1);
+    if (index < 0) return history.length > 0; // already at the oldest
+    const value = index < history.length ? history[index] : "";
+    recalled = value ? { index, value } : null;
+    prompt.value = value;
+    autosize();
+    prompt.setSelectionRange(value.length, value.length);
+    return true;
+  }
+
   function autosize() {
     prompt.style.height = "auto";
     prompt.style.height = `${Math.min(prompt.scrollHeight + 2, Math.round(window.innerHeight * 0.4))}px`;
@@ -123,18 +178,29 @@ export function createControls(state, { conversation, sessions, drones }) {
     submitPrompt(e.submitter === interrupt ? "interrupt" : "queue");
   });
   prompt.addEventListener("keydown", (e) => {
+    if ((e.key === "ArrowUp" || e.key === "ArrowDown") && recall(e)) {
+      e.preventDefault();
+      return;
+    }
     if (e.key !== "Enter" || e.shiftKey || e.isComposing || e.keyCode === 229) return;
     e.preventDefault();
     const interrupting = (e.ctrlKey || e.metaKey) && !interrupt.hidden;
     form.requestSubmit(interrupting ? interrupt : submit);
   });
   prompt.addEventListener("input", autosize);
+  // Toasts sit just above the prompt form, whose height changes (Cancel, a longer prompt).
+  new ResizeObserver(() => {
+    document.documentElement.style.setProperty("--composer-height", `${form.offsetHeight}px`);
+  }).observe(form);
 
   return {
     sync,
     autosize,
     cancelQueued: abort.cancelQueued,
-    focusPrompt: () => prompt.focus(),
+    focusPrompt,
+    resend,
+    edit,
+    canWrite: () => !ownerOfOpenSession(),
     processingTurnId: abort.processingTurnId,
     escListenerActive: abort.escListenerActive,
   };

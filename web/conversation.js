@@ -1,8 +1,11 @@
 // The open session's turn cards in #turns: snapshots, live turns and progress, and scrolling.
 
-import { TEXT_DELTA, TOOL_ACTIVITY } from "./protocol.js";
+import { createApprovals } from "./approval.js";
+import { watchCodeCopy } from "./copy.js";
+import { OPEN_SESSION, TEXT_DELTA, TOOL_ACTIVITY } from "./protocol.js";
+import { request } from "./socket.js";
 import { TurnCard } from "./turns.js";
-import { byId, nearBottom } from "./ui.js";
+import { announce, byId, h, nearBottom, toast } from "./ui.js";
 
 const MAX_ORPHAN_TURNS = 50;
 const MAX_ORPHAN_EVENTS = 5000;
@@ -11,38 +14,161 @@ const MAX_ORPHAN_EVENTS = 5000;
  * `cardContext` goes to every TurnCard; `onStatus(card)` runs when a turn's status may have
  * changed, `onChange()` after the shown turns or their statuses change.
  */
-export function createConversation(state, { cardContext, onStatus, onChange }) {
+export function createConversation(state, { cardContext: shared, onStatus, onChange }) {
   const section = byId("conversation");
   const list = byId("turns");
+  const approvals = createApprovals({ list, focusPrompt: () => shared.focusLost() });
+  const cardContext = { ...shared, approvals };
   const empty = byId("empty");
   const loading = byId("loading");
-  let stickToBottom = true;
-  let scrollQueued = false;
+  const jump = byId("jump-latest");
+  watchCodeCopy(list);
+
+  // ---- following the stream
+  // The view follows new output while it is at the bottom. Only the person scrolling up stops
+  // that: the view's own size changing (the prompt form grows when Cancel appears) does not,
+  // since it never moves scrollTop up. Sizes are watched rather than events, so whatever grows
+  // the turns (text, a tool line, a new card) is followed in the same frame, before paint.
+  let following = true;
+  let lastTop = section.scrollTop;
+
+  function setFollowing(on) {
+    following = on;
+    if (on) jump.hidden = true;
+  }
+
+  function pin() {
+    if (following) section.scrollTop = section.scrollHeight;
+  }
+
+  /** Follow the conversation from now on (a new prompt, a session opened, "Jump to latest"). */
+  function follow() {
+    setFollowing(true);
+    pin();
+  }
+
+  /** Something new happened below the view: offer the way down if the person is not there. */
+  function news() {
+    if (!following && !nearBottom(section, 4)) jump.hidden = false;
+  }
 
   section.addEventListener("scroll", () => {
-    stickToBottom = nearBottom(section);
+    const top = section.scrollTop;
+    if (top < lastTop - 1 && !nearBottom(section, 2)) setFollowing(false);
+    else if (nearBottom(section, 24)) setFollowing(true);
+    lastTop = top;
+  });
+  // A wheel turned up says so before its smooth scroll moves anything (and before a frame could
+  // pin the view to the bottom again).
+  section.addEventListener(
+    "wheel",
+    (e) => {
+      if (e.deltaY < 0 && section.scrollTop > 0) setFollowing(false);
+    },
+    { passive: true },
+  );
+  let turnsHeight = 0;
+  new ResizeObserver(() => {
+    const grew = list.offsetHeight > turnsHeight;
+    turnsHeight = list.offsetHeight;
+    if (following) pin();
+    else if (grew) news();
+  }).observe(list);
+  new ResizeObserver(() => pin()).observe(section);
+  jump.addEventListener("click", () => {
+    follow();
+    cardContext.focusLost();
   });
 
   function showCards(cards) {
     list.replaceChildren(...cards.map((c) => c.el));
     renderEmpty();
-    scrollToBottom(true);
+    follow();
     onChange();
   }
+
+  // ---- a long session: its latest turns first, earlier ones as the person scrolls up
+  const earlier = h("div", { class: "earlier" });
+  let earlierOf = null; // the session whose earlier turns the button loads
+  let loadingEarlier = false;
+
+  function offerEarlier(sessionId, more) {
+    earlierOf = more ? sessionId : null;
+    earlier.replaceChildren(
+      h("button", { type: "button", class: "link-button", onclick: () => loadEarlier() }, "Show earlier turns"),
+    );
+    if (more) list.prepend(earlier);
+    else earlier.remove();
+  }
+
+  async function loadEarlier() {
+    const sessionId = earlierOf;
+    const first = list.querySelector(".turn");
+    if (!sessionId || loadingEarlier || !first) return;
+    loadingEarlier = true;
+    earlier.replaceChildren(h("span", { class: "hint" }, "Loading earlier turns…"));
+    let res;
+    try {
+      [res] = await request(OPEN_SESSION, { sessionId, before: first.dataset.turnId });
+    } catch (err) {
+      res = { ok: false, error: err.message };
+    } finally {
+      loadingEarlier = false;
+    }
+    if (sessionId !== state.currentSessionId || earlierOf !== sessionId) return;
+    if (!res?.ok) {
+      toast(res?.error || "Could not load earlier turns.", { error: true });
+      offerEarlier(sessionId, true);
+      return;
+    }
+    // Keep what the person looks at in place while the turns above it appear.
+    const fromBottom = section.scrollHeight - section.scrollTop;
+    const cards = (Array.isArray(res.turns) ? res.turns : [])
+      .filter((t) => t && t.turnId && !state.cards.has(t.turnId))
+      .map((view) => TurnCard.fromView({ ...view, sessionId }, cardContext));
+    for (const card of cards) {
+      card.finishText();
+      state.cards.set(card.turnId, card);
+    }
+    first.before(...cards.map((c) => c.el));
+    section.scrollTop = section.scrollHeight - fromBottom;
+    offerEarlier(sessionId, Boolean(res.more));
+    onChange();
+  }
+
+  // Scrolled up to the top of what is loaded: the earlier turns come by themselves.
+  new IntersectionObserver(
+    (entries) => {
+      if (entries.some((e) => e.isIntersecting) && !following) loadEarlier();
+    },
+    { root: section },
+  ).observe(earlier);
 
   /** Show the turns already known of `sessionId` (none for null, a new session). */
   function showSession(sessionId) {
     showCards(sessionId ? [...state.cards.values()].filter((c) => c.sessionId === sessionId) : []);
   }
 
-  /** Replace the session's turns with the relay's snapshot of them. */
-  function showSnapshot(sessionId, turns) {
-    for (const [id, card] of state.cards) if (card.sessionId === sessionId) state.cards.delete(id);
+  /** Replace the session's turns with the relay's snapshot of them (`more`: older ones exist). */
+  function showSnapshot(sessionId, turns, more = false) {
+    const shown = new Map();
+    for (const [id, card] of state.cards) {
+      if (card.sessionId !== sessionId) continue;
+      shown.set(id, card.answer);
+      state.cards.delete(id);
+    }
     const cards = turns
       .filter((t) => t && t.turnId)
       .slice()
       .sort((a, b) => (a.createdAt ?? 0) - (b.createdAt ?? 0))
       .map((view) => {
+        // A relay that has just restarted may hold less of a running turn's text than this
+        // page shows (its drone sends the rest within a moment): never show less.
+        const before = shown.get(view.turnId) ?? "";
+        const text = typeof view.text === "string" ? view.text : "";
+        if (view.status === "processing" && before.length > text.length && before.startsWith(text)) {
+          view = { ...view, text: before };
+        }
         const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
         const done = state.completions.get(card.turnId);
         if (done) card.end(done);
@@ -50,8 +176,8 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
         state.cards.set(card.turnId, card);
         return card;
       });
-    stickToBottom = true;
     showCards(cards);
+    offerEarlier(sessionId, more);
     for (const card of cards) onStatus(card);
   }
 
@@ -86,6 +212,16 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
     return list.querySelector("article.turn.queued") !== null;
   }
 
+  /** The prompts of the open session's turns, oldest first, a prompt repeated at once kept once. */
+  function prompts() {
+    const found = [];
+    for (const el of list.querySelectorAll("article.turn")) {
+      const prompt = state.cards.get(el.dataset.turnId)?.prompt;
+      if (prompt && found.at(-1) !== prompt) found.push(prompt);
+    }
+    return found;
+  }
+
   /**
    * Add or update a turn from `turnStarted` (`fromStart`: its view is news) or a submit answer
    * (which only adds a turn not heard of yet); keep output already shown.
@@ -104,11 +240,9 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
       if (early) for (const ev of early) applyProgress(card, ev);
     }
     if (view.sessionId && view.sessionId === state.currentSessionId && !isShown(card)) {
-      const stick = nearBottom(section);
       list.append(card.el);
       renderEmpty();
       renderLoading();
-      if (stick || !fromStart) scrollToBottom(true);
     }
     onStatus(card);
     onChange();
@@ -147,14 +281,18 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
       onChange();
     }
     if (ev.kind === TEXT_DELTA) {
-      if (!ev.depth && typeof ev.seq === "number") {
+      let text = ev.text;
+      if (!ev.depth && typeof ev.at === "number" && typeof text === "string") {
+        // Placed by where it starts: what the card already shows is not shown twice.
+        const have = card.answer.length;
+        if (ev.at + text.length <= have) return;
+        if (ev.at < have) text = text.slice(have - ev.at);
+      } else if (!ev.depth && typeof ev.seq === "number") {
         if (ev.seq <= card.textSeq) return; // already part of the snapshot the card came from
         card.textSeq = ev.seq;
       }
-      card.appendText(ev.text, ev.depth);
+      card.appendText(text, ev.depth);
     } else if (ev.kind === TOOL_ACTIVITY) card.tool(ev);
-    else return; // "message": stored history, nothing to show
-    if (isShown(card)) scrollToBottom(false);
   }
 
   /** A turn has ended: `workOrderComplete`, then `turnEnded` with why (`ending`). */
@@ -167,19 +305,14 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
     state.orphans.delete(turnId);
     const card = state.cards.get(turnId);
     if (!card) return;
+    const wasLive = !card.ended;
     card.end(done);
+    if (wasLive && card.ended && isShown(card)) {
+      announce(endNews(card));
+      news();
+    }
     onStatus(card);
     onChange();
-  }
-
-  function scrollToBottom(force) {
-    if (force) stickToBottom = true;
-    if (!stickToBottom || scrollQueued) return;
-    scrollQueued = true;
-    requestAnimationFrame(() => {
-      scrollQueued = false;
-      if (stickToBottom) section.scrollTop = section.scrollHeight;
-    });
   }
 
   return {
@@ -189,9 +322,18 @@ export function createConversation(state, { cardContext, onStatus, onChange }) {
     renderLoading,
     processingTurnId,
     hasQueued,
+    prompts,
+    follow,
     upsertTurn,
     placed,
     progress,
     complete,
   };
+}
+
+/** What the live region says when a turn shown ends (never the streamed words themselves). */
+function endNews(card) {
+  if (card.status === "finished") return "Answer finished.";
+  if (card.status === "aborted") return "Turn aborted.";
+  return card.result ? `Turn failed: ${card.result}` : "Turn failed.";
 }

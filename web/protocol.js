@@ -5,8 +5,11 @@ export const IDE_NAMESPACE = "/ide";
 // browser -> relay (all acknowledged)
 export const SUBMIT_WORK_ORDER = "submitWorkOrder";
 export const ABORT_WORK_ORDER = "abortWorkOrder";
+export const APPROVE_TOOL_CALL = "approveToolCall";
 export const LIST_SESSIONS = "listSessions";
 export const OPEN_SESSION = "openSession";
+export const RENAME_SESSION = "renameSession";
+export const DELETE_SESSION = "deleteSession";
 export const LIST_DRONES = "listDrones";
 // relay -> browser
 export const HELLO = "hello";
@@ -17,7 +20,10 @@ export const TURN_STARTED = "turnStarted";
 export const WORK_ORDER_PROGRESS = "workOrderProgress";
 export const WORK_ORDER_COMPLETE = "workOrderComplete";
 export const DRONES = "drones";
-export const SESSIONS = "sessions";
+export const SESSION_CHANGED = "sessionChanged";
+export const SESSION_REMOVED = "sessionRemoved";
+/** This page missed events (it fell behind, or the relays lost Redis): open the session again. */
+export const RESYNC = "resync";
 
 // The `kind` of a workOrderProgress event the page shows ("message" is stored history only).
 export const TEXT_DELTA = "text";
@@ -30,6 +36,8 @@ export const ABORT_SIGNALED = "Abort signaled";
 export const STOP_AFTER_STEP = "Stopping after this step";
 /** The result the drone stores for a tool call an abort cut short. */
 export const TOOL_CANCELLED = "Tool execution was cancelled by user.";
+/** How the result of a tool call that did not run (declined, refused, unanswered) ends. */
+export const TOOL_NOT_RUN = "; it did not run.";
 
 export const MAX_PROMPT_CHARS = 100_000;
 

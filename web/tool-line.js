@@ -2,17 +2,33 @@
 
 import { argsPreview, h, preview } from "./ui.js";
 
+/** The wire's `ToolActivity.state` -> the badge's words. */
 const TOOL_BADGES = {
   start: "running",
+  waiting: "waiting for approval",
   end: "done",
+  error: "failed",
   cancelled: "cancelled",
-  error: "error",
+  declined: "declined",
 };
+/** States in which the call has not ended yet. */
+export const OPEN_TOOL_STATES = ["start", "waiting"];
+
+/** A tool's failure comes back as a result reading "Error: …" (the drone's tools say so). */
+const FAILED_RESULT = /^Error: /;
 
 export class ToolLine {
   constructor(callId, depth) {
     const d = Math.max(0, Math.min(16, Number(depth) || 0));
+    this.callId = callId;
     this.state = "start";
+    this.result = null;
+    this.depth = d;
+    this.name = "";
+    /** The call's arguments as sent (a JSON object in a string), or null. */
+    this.arguments = null;
+    /** The approval card shown while the call waits for the person (an ApprovalCard), or null. */
+    this.approval = null;
     this.nameEl = h("span", { class: "tool-name" });
     this.argsEl = h("span", { class: "tool-args" });
     this.badgeEl = h("span", { class: "tool-badge" });
@@ -23,7 +39,7 @@ export class ToolLine {
       "div",
       {
         class: d > 0 ? "tool sub" : "tool",
-        dataset: { callId, state: "start", depth: String(d) },
+        dataset: { callId, state: "start", badge: "start", depth: String(d) },
         style: { "--depth": d },
       },
       h("div", { class: "tool-head" }, h("span", { class: "tool-icon", "aria-hidden": "true" }), this.nameEl, this.argsEl, this.badgeEl),
@@ -31,22 +47,44 @@ export class ToolLine {
     );
   }
 
+  /** Whether the call is still running or waiting. */
+  get open() {
+    return OPEN_TOOL_STATES.includes(this.state);
+  }
+
   update(ev) {
-    if (ev.name) this.nameEl.textContent = ev.name;
+    if (ev.name) this.name = this.nameEl.textContent = ev.name;
     if (ev.arguments !== undefined && ev.arguments !== null) {
+      this.arguments = ev.arguments;
       this.argsEl.textContent = argsPreview(ev.arguments);
       this.argsEl.title = preview(ev.arguments, 2000);
     }
-    if (ev.state && TOOL_BADGES[ev.state]) {
-      this.state = ev.state;
-      this.el.dataset.state = ev.state;
-      this.badgeEl.textContent = TOOL_BADGES[ev.state];
-    }
     if (ev.result !== undefined && ev.result !== null) {
-      const result = String(ev.result);
-      this.resultSummary.textContent = preview(result, 100) || "(empty result)";
-      this.resultBody.textContent = result;
+      this.result = String(ev.result);
+      this.resultSummary.textContent = preview(this.result, 100) || "(empty result)";
+      this.resultBody.textContent = this.result;
       this.resultEl.hidden = false;
     }
+    if (ev.state && TOOL_BADGES[ev.state]) this.state = ev.state;
+    // A call that ended with an error result failed, whatever state it was reported in.
+    const badge = this.state === "end" && FAILED_RESULT.test(this.result ?? "") ? "error" : this.state;
+    this.el.dataset.state = this.state;
+    this.el.dataset.badge = badge;
+    this.badgeEl.textContent = TOOL_BADGES[badge];
+  }
+
+  /** Show `approval` (an ApprovalCard) under the line while the call waits. */
+  ask(approval) {
+    this.approval = approval;
+    this.resultEl.before(approval.el);
+  }
+
+  /** Collapse the approval card back into the line; returns it and whether it had the keyboard. */
+  settle() {
+    const { approval } = this;
+    this.approval = null;
+    const hadFocus = approval.focused;
+    approval.el.remove();
+    return { approval, hadFocus };
   }
 }

@@ -1,5 +1,6 @@
 // What a turn card's foot says: its place in line, that it is working, or how and why it ended.
 
+import { turnActions } from "./turn-actions.js";
 import { h, preview } from "./ui.js";
 
 const COUNT = new Intl.NumberFormat("en");
@@ -59,7 +60,8 @@ export function usageWords(usage) {
 
 /**
  * The foot's children for `turn` (a TurnCard). `ctx.me()` is the person's user name,
- * `ctx.drone(id)` describes a drone, `ctx.anyDroneOnline()`, `ctx.cancelQueued(turn)` cancels.
+ * `ctx.drone(id)` describes a drone, `ctx.anyDroneOnline()`, `ctx.cancelQueued(turn)` cancels;
+ * an ended turn's actions take what `turnActions` needs.
  */
 export function footOf(turn, ctx) {
   switch (turn.status) {
@@ -78,6 +80,7 @@ export function footOf(turn, ctx) {
           {
             type: "button",
             class: "button small turn-cancel",
+            dataset: { action: "cancel-queued" },
             "aria-label": `Cancel queued turn: ${preview(turn.prompt, 80)}`,
             disabled: turn.cancelling,
             onclick: () => ctx.cancelQueued(turn),
@@ -95,6 +98,7 @@ export function footOf(turn, ctx) {
       return [
         h("span", { class: "turn-status" }, endWords(turn, ctx.me())),
         usage ? h("span", { class: "turn-usage" }, usage) : null,
+        turnActions(turn, ctx),
       ];
     }
   }

@@ -1,16 +1,20 @@
-// One turn as a card: prompt, streamed output (text, tool calls, sub-agents indented) and status.
+// One turn as a card: prompt, streamed output (Markdown text, tool calls, sub-agents indented),
+// status and what can be done with it.
 
-import { TOOL_CANCELLED, TURN_STATUSES } from "./protocol.js";
+import { ApprovalCard } from "./approval.js";
+import { MarkdownView } from "./markdown-view.js";
+import { TOOL_CANCELLED, TOOL_NOT_RUN, TURN_STATUSES } from "./protocol.js";
 import { ToolLine } from "./tool-line.js";
 import { footOf } from "./turn-status.js";
-import { formatTime, fullTime, h } from "./ui.js";
+import { formatTime, fullTime, h, preview } from "./ui.js";
 
 const ENDED = ["finished", "aborted", "error"];
 
 export class TurnCard {
   /**
    * @param {object} view a TurnView (at least turnId, sessionId, prompt, status)
-   * @param {object} ctx `droneLabel(id)`, and what the foot needs (see `footOf`)
+   * @param {object} ctx `droneLabel(id)`, `approvals` (see `createApprovals`), and what the foot
+   *   needs (see `footOf`)
    */
   constructor(view, ctx) {
     this.ctx = ctx;
@@ -31,7 +35,13 @@ export class TurnCard {
     this.droneId = view.droneId ?? null;
     this.createdAt = view.createdAt;
     this.tools = new Map();
+    /** Whether a tool call of the turn waits for the person (the foot says so). */
+    this.awaiting = false;
+    /** The segment text goes to next: `{depth, view}` (a MarkdownView), or null. */
     this.lastSegment = null;
+    this.views = [];
+    /** The answer's own text (depth 0), as streamed: what "Copy" copies. */
+    this.answer = "";
     /** How many of the turn's text deltas this card already shows (from a relay snapshot). */
     this.textSeq = Number(view.textSeq) || 0;
 
@@ -42,7 +52,7 @@ export class TurnCard {
     this.footEl = h("div", { class: "turn-foot" });
     this.el = h(
       "article",
-      { class: "turn processing", dataset: { turnId: this.turnId }, "aria-label": "Turn" },
+      { class: "turn processing", dataset: { turnId: this.turnId } },
       h("header", { class: "turn-head" }, h("span", { class: "turn-you" }, "You"), this.timeEl, this.droneEl),
       this.promptEl,
       this.outputEl,
@@ -57,6 +67,10 @@ export class TurnCard {
     const card = new TurnCard({ ...view, status: "processing" }, ctx);
     card.renderHistory(view);
     card.apply(view);
+    // The calls waiting for the person right now: their cards again (a reload, a reconnect).
+    if (card.processing && Array.isArray(view.waiting)) {
+      for (const call of view.waiting) if (call) card.tool({ ...call, state: "waiting" });
+    }
     return card;
   }
 
@@ -112,6 +126,9 @@ export class TurnCard {
     if (typeof view.prompt === "string" && view.prompt && view.prompt !== this.promptEl.textContent) {
       this.promptEl.textContent = view.prompt;
     }
+    // A card is named by its prompt's first line, so a list of turns reads as what was asked.
+    const firstLine = this.prompt.trim().split("\n", 1)[0];
+    this.el.setAttribute("aria-label", preview(firstLine, 80) || "Empty prompt");
     if (view.droneId) this.droneId = view.droneId;
     if (typeof view.createdAt === "number") this.createdAt = view.createdAt;
     this.timeEl.textContent = formatTime(this.createdAt);
@@ -162,7 +179,7 @@ export class TurnCard {
           kind: "tool",
           callId: m.toolCallId,
           name: m.name,
-          state: m.content === TOOL_CANCELLED ? "cancelled" : "end",
+          state: storedToolState(m.content),
           result: m.content ?? "",
         });
       }
@@ -184,17 +201,23 @@ export class TurnCard {
   appendText(text, depth = 0) {
     if (typeof text !== "string" || text === "") return;
     const d = Math.max(0, Math.min(16, Number(depth) || 0));
-    if (this.lastSegment && this.lastSegment.depth === d) {
-      this.lastSegment.node.appendData(text);
-      return;
+    if (d === 0) this.answer += text;
+    if (!this.lastSegment || this.lastSegment.depth !== d) {
+      const seg =
+        d === 0
+          ? h("div", { class: "seg md", dataset: { depth: "0" } })
+          : h("div", { class: "seg sub md", dataset: { depth: String(d) }, style: { "--depth": d } });
+      this.outputEl.append(seg);
+      const view = new MarkdownView(seg);
+      this.views.push(view);
+      this.lastSegment = { depth: d, view };
     }
-    const node = document.createTextNode(text);
-    const seg =
-      d === 0
-        ? h("span", { class: "seg", dataset: { depth: "0" } }, node)
-        : h("div", { class: "seg sub", dataset: { depth: String(d) }, style: { "--depth": d } }, node);
-    this.outputEl.append(seg);
-    this.lastSegment = { depth: d, node };
+    this.lastSegment.view.append(text);
+  }
+
+  /** Draw every text segment now, for good (the turn has ended or was loaded whole). */
+  finishText() {
+    for (const view of this.views) view.finish();
   }
 
   /** A tool activity event: one compact line per call id, updated in place. */
@@ -206,9 +229,47 @@ export class TurnCard {
       line = new ToolLine(callId, ev.depth);
       this.tools.set(callId, line);
       this.outputEl.append(line.el);
+      if (this.lastSegment) this.lastSegment.view.finish(); // the text before a tool call is done
       this.lastSegment = null;
     }
     line.update(ev);
+    this.syncApproval(line);
+  }
+
+  /** A call waiting for the person gets an approval card; one that moved on loses it. */
+  syncApproval(line) {
+    if (line.state === "waiting" && !line.approval && !this.ended) {
+      const { callId, name, arguments: args, depth } = line;
+      const approval = new ApprovalCard(
+        { turnId: this.turnId, callId, name, args, depth },
+        {
+          canAnswer: this.ctx.canWrite(),
+          onAnswer: (approve, always) =>
+            this.ctx.approvals.answer(approval, approve, always, () => this.answered(line, approve)),
+        },
+      );
+      line.ask(approval);
+      this.ctx.approvals.shown(approval);
+    } else if (line.state !== "waiting" && line.approval) {
+      const { approval, hadFocus } = line.settle();
+      this.ctx.approvals.gone(approval, hadFocus);
+    }
+    const awaiting = [...this.tools.values()].some((l) => l.approval !== null);
+    if (awaiting !== this.awaiting) {
+      this.awaiting = awaiting;
+      this.el.setAttribute("aria-busy", this.busy());
+      this.renderFoot();
+    }
+  }
+
+  /** `aria-busy`: a turn at work is, one waiting for the person is not (its card must be read). */
+  busy() {
+    return String(this.status === "processing" && !this.awaiting);
+  }
+
+  /** The relay took the person's answer: the card collapses before the drone's own news of it. */
+  answered(line, approve) {
+    if (line.state === "waiting") this.tool({ callId: line.callId, state: approve ? "start" : "declined" });
   }
 
   /** Apply a status; an ended turn never goes back to queued or processing. */
@@ -219,26 +280,48 @@ export class TurnCard {
     if (result !== undefined && result !== null) this.result = result;
     for (const s of TURN_STATUSES) this.el.classList.toggle(s, s === status);
     this.el.dataset.status = status;
-    this.el.setAttribute("aria-busy", status === "processing" ? "true" : "false");
+    this.el.setAttribute("aria-busy", this.busy());
 
     if (this.ended) {
       this.stopping = false;
+      this.finishText();
       for (const line of this.tools.values()) {
-        if (line.state !== "start") continue;
+        if (!line.open) continue;
         if (status === "aborted") line.update({ state: "cancelled" });
         else if (status === "error") line.update({ state: "error" });
         else line.update({ state: "end" });
+        this.syncApproval(line);
       }
     }
     this.renderFoot();
   }
 
+  /** The foot's children; while a call waits for the person, it says so instead of "Working…". */
+  footParts() {
+    if (!this.processing || !this.awaiting) return footOf(this, this.ctx).filter(Boolean);
+    const whose = this.ctx.canWrite() ? "your" : "its owner's";
+    return [
+      h("span", { class: "approval-icon", "aria-hidden": "true" }),
+      h("span", { class: "turn-status" }, `Waiting for ${whose} approval`),
+    ];
+  }
+
   renderFoot() {
-    const hadFocus = this.footEl.contains(document.activeElement);
-    this.footEl.replaceChildren(...footOf(this, this.ctx).filter(Boolean));
-    if (!hadFocus) return;
-    const button = this.footEl.querySelector("button:not(:disabled)");
+    const focused = this.footEl.contains(document.activeElement) ? document.activeElement : null;
+    this.footEl.replaceChildren(...this.footParts());
+    if (!focused) return;
+    // Keep the keyboard on the same action if it is still there, else on the foot's first one.
+    const same = focused.dataset.action && this.footEl.querySelector(`[data-action="${focused.dataset.action}"]`);
+    const button = same && !same.disabled ? same : this.footEl.querySelector("button:not(:disabled)");
     if (button) button.focus();
     else this.ctx.focusLost();
   }
+}
+
+/** What a stored tool result says of its call: cancelled, did not run, failed, or done. */
+function storedToolState(content) {
+  const text = typeof content === "string" ? content : "";
+  if (text === TOOL_CANCELLED) return "cancelled";
+  if (text.endsWith(TOOL_NOT_RUN)) return "declined";
+  return text.startsWith("Error: ") ? "error" : "end";
 }

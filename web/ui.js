@@ -79,43 +79,62 @@ export function fullTime(epochSeconds) {
 
 const TOAST_MS = 4000;
 const ERROR_TOAST_MS = 7000;
+/** key -> the toast shown under that key: a new toast with the same key replaces it in place. */
+const keyed = new Map();
 
 /**
  * Show a toast in `#toasts`. Returns a handle with `dismiss()`. The toast's text content is
- * exactly `message` (the close control is drawn with CSS).
+ * exactly `message` (the close control is drawn with CSS). A toast with a `key` replaces the
+ * one shown under that key (its text, kind and timer), so related news never stacks.
  */
-export function toast(message, { error = false, duration } = {}) {
+export function toast(message, { error = false, duration, key } = {}) {
   const container = document.getElementById("toasts");
-  const el = h("div", {
-    class: error ? "toast error" : "toast",
-    role: error ? "alert" : "status",
-  });
-  const text = h("span", { class: "toast-text" }, message);
+  const reused = key ? keyed.get(key) : undefined;
+  const shown = reused ?? newToast(key);
+  shown.generation += 1;
+  const { generation } = shown;
+  shown.el.className = error ? "toast error" : "toast";
+  shown.el.setAttribute("role", error ? "alert" : "status");
+  shown.text.textContent = message;
+  clearTimeout(shown.timer);
+  const dismiss = () => {
+    if (shown.generation === generation) shown.dismiss();
+  };
+  if (!reused) container?.append(shown.el);
+  const ms = duration ?? (error ? ERROR_TOAST_MS : TOAST_MS);
+  if (ms > 0) shown.timer = setTimeout(dismiss, ms);
+  return { el: shown.el, dismiss };
+}
+
+function newToast(key) {
+  const text = h("span", { class: "toast-text" });
   const close = h("button", {
     type: "button",
     class: "toast-close",
     "aria-label": "Dismiss notification",
     title: "Dismiss",
   });
-  el.append(text, close);
-
-  let timer = null;
-  let gone = false;
-  const dismiss = () => {
-    if (gone) return;
-    gone = true;
-    clearTimeout(timer);
-    el.classList.add("leaving");
+  const shown = { el: h("div", {}, text, close), text, timer: null, generation: 0, gone: false };
+  shown.dismiss = () => {
+    if (shown.gone) return;
+    shown.gone = true;
+    clearTimeout(shown.timer);
+    if (key && keyed.get(key) === shown) keyed.delete(key);
+    shown.el.classList.add("leaving");
     // Remove after the fade; remove at once when motion is reduced or the element is hidden.
-    const remove = () => el.remove();
-    el.addEventListener("animationend", remove, { once: true });
+    const remove = () => shown.el.remove();
+    shown.el.addEventListener("animationend", remove, { once: true });
     setTimeout(remove, 250);
   };
-  close.addEventListener("click", dismiss);
-  container?.append(el);
-  const ms = duration ?? (error ? ERROR_TOAST_MS : TOAST_MS);
-  if (ms > 0) timer = setTimeout(dismiss, ms);
-  return { el, dismiss };
+  close.addEventListener("click", () => shown.dismiss());
+  if (key) keyed.set(key, shown);
+  return shown;
+}
+
+/** Say `message` to screen readers through the page's polite live region (`#announcer`). */
+export function announce(message) {
+  // A new node each time, so the same words said twice are announced twice.
+  document.getElementById("announcer")?.replaceChildren(h("span", {}, message));
 }
 
 /** Is the scroll container within `slack` px of its bottom? */

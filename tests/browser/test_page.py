@@ -60,7 +60,11 @@ async def turn_id_of(turn: Locator) -> str:
 
 
 async def output_text(turn: Locator) -> str:
-    return await turn.locator(".turn-output").text_content() or ""
+    """The text the turn's answer streamed, exactly (drawn as Markdown in its output)."""
+    text: str | None = await turn.page.evaluate(
+        "(id) => window.hangar.answerText(id)", await turn_id_of(turn)
+    )
+    return text or ""
 
 
 async def stored(relay: RelayHandle, turn_id: str, status: str | None = None) -> TurnRecord:
@@ -187,10 +191,10 @@ async def test_cancel_aborts_the_streaming_turn(
     await expect(turn).not_to_have_class(has_class("processing"))
     await expect(turn.locator(".spinner")).to_have_count(0)
     states = await cancel_states(page)
-    assert {"text": "Aborting...", "disabled": True, "hidden": False} in states, states
-    aborting_at = states.index({"text": "Aborting...", "disabled": True, "hidden": False})
+    assert {"text": "Aborting…", "disabled": True, "hidden": False} in states, states
+    aborting_at = states.index({"text": "Aborting…", "disabled": True, "hidden": False})
     assert all(s["disabled"] or s["hidden"] for s in states[aborting_at:]), (
-        f"Cancel must stay disabled once it reads Aborting...: {states}"
+        f"Cancel must stay disabled once it reads Aborting…: {states}"
     )
     await openai_peer.wait_for_disconnect()
     assert openai_peer.last is not None and not openai_peer.last.completed

@@ -1,0 +1,434 @@
+"""How answers look and what a person can do with them, in real Chromium: Markdown rendered
+(headings, emphasis, tables, highlighted code) while it streams, untrusted model and tool text
+kept inert, copy buttons that fill the clipboard, retry, edit-and-resend, ArrowUp recall, and
+tool badges that tell each state apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, expect
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.shared.protocol import TOOL_CANCELLED
+from tests.browser.conftest import artifact, log_in
+from tests.browser.hand_drone import HandDrone
+from tests.browser.test_page import (
+    WAIT_MS,
+    has_class,
+    open_hangar,
+    stored,
+    submit,
+    turn_id_of,
+)
+from tests.conftest import RelayHandle, Upstream
+
+pytestmark = pytest.mark.browser
+
+ANSWER = """# Plan
+
+Some **bold** words, *emphasis* and `inline code`.
+
+| file | lines |
+|------|------:|
+| app.py | 120 |
+
+```python
+def double(x: int) -> int:
+    return x * 2
+```
+
+1. first
+2. second
+
+> a quote
+"""
+
+HOSTILE = (
+    'Look: <img src=x onerror="window.__pwned = (window.__pwned || 0) + 1">\n\n'
+    "[click me](javascript:window.__pwned=1) and "
+    '<a href="javascript:window.__pwned=1">raw link</a>\n\n'
+    "<script>window.__pwned = 1</script>\n\n"
+    '![pic](javascript:window.__pwned=1) <svg onload="window.__pwned=1"></svg>\n\n'
+    "[ok](https://example.com/docs)\n"
+)
+
+
+def split(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+async def still(page: Page) -> None:
+    """Wait until no fade or transition is under way (a theme change starts some)."""
+    await page.wait_for_function(
+        """() => document.getAnimations().every(
+            (a) => a.playState !== "running" || a.effect?.getTiming().iterations === Infinity
+        )"""
+    )
+
+
+async def grant_clipboard(page: Page, relay: RelayHandle) -> None:
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=relay.url)
+
+
+async def clipboard(page: Page) -> str:
+    text: str = await page.evaluate("() => navigator.clipboard.readText()")
+    return text
+
+
+async def test_an_answer_streams_in_as_markdown_with_highlighted_code(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    openai_peer.script(Reply(chunks=split(ANSWER, 7), delay=0.02))
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Show me markdown")
+    output = turn.locator(".turn-output")
+
+    await expect(output.locator("h1")).to_have_text("Plan", timeout=WAIT_MS)
+    await expect(output.locator("table")).to_have_count(1, timeout=WAIT_MS)
+    heading = await output.locator("h1").element_handle()
+    await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    # Rendered block by block: the heading, once blocks follow it, is never drawn again.
+    assert await page.evaluate("(h) => h.isConnected", heading)
+    await expect(output.locator("strong")).to_have_text("bold")
+    await expect(output.locator("em")).to_have_text("emphasis")
+    await expect(output.locator("p code")).to_have_text("inline code")
+    await expect(output.locator("table th")).to_have_text(["file", "lines"])
+    await expect(output.locator("table td")).to_have_text(["app.py", "120"])
+    await expect(output.locator("ol li")).to_have_text(["first", "second"])
+    await expect(output.locator("blockquote")).to_have_text("a quote")
+    code = output.locator("pre code")
+    await expect(code).to_have_text("def double(x: int) -> int:\n    return x * 2")
+    await expect(code.locator(".hljs-keyword").first).to_have_text("def")
+    await expect(output.locator(".code-block")).to_have_attribute("data-lang", "python")
+    assert "**" not in (await output.text_content() or "")
+    assert "```" not in (await output.text_content() or "")
+    font = await output.locator("p").first.evaluate("(p) => getComputedStyle(p).fontFamily")
+    assert "mono" not in font.lower(), f"prose is not monospace: {font}"
+    await page.screenshot(path=artifact("render-markdown.png"), full_page=True)
+
+
+async def test_streamed_markdown_renders_as_the_whole_answer_would(
+    page: Page, relay: RelayHandle
+) -> None:
+    await open_hangar(page, relay)
+    tricky = (
+        ANSWER
+        + "\n1. one\n\n2. two\n\nSetext\n======\n\n[ref]: https://example.com/ref\n"
+        + "See [ref].\n\n- a\n  - nested\n\n```\nno language\n```\n\nEnd."
+    )
+    for size in (1, 3, 17):
+        same: bool = await page.evaluate(
+            """async ([text, size]) => {
+                const { MarkdownView } = await import("/static/markdown-view.js");
+                const whole = document.createElement("div");
+                const streamed = document.createElement("div");
+                const a = new MarkdownView(whole);
+                a.append(text);
+                a.finish();
+                const b = new MarkdownView(streamed);
+                for (let i = 0; i < text.length; i += size) {
+                    b.append(text.slice(i, i + size));
+                    b.render();
+                }
+                b.finish();
+                return whole.innerHTML === streamed.innerHTML;
+            }""",
+            [tricky, size],
+        )
+        assert same, f"chunks of {size} render differently from the whole answer"
+
+
+async def test_model_and_tool_text_cannot_run_script_or_links(
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    planted = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
+    (tmp_path / "evil.html").write_text(planted)
+    hostile_call = ScriptedToolCall("read_file", {"path": "evil.html", "why": "<svg onload=x>"})
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[hostile_call]),
+        Reply(chunks=split(HOSTILE, 11)),
+    )
+    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Be hostile")
+    await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    output = turn.locator(".turn-output")
+
+    await expect(output.locator("img, script, svg, iframe")).to_have_count(0)
+    for link in await output.locator("a").all():
+        href = await link.get_attribute("href") or ""
+        assert not href.lower().startswith("javascript:"), href
+        await expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
+    await expect(output.locator('a[href="https://example.com/docs"]')).to_have_text("ok")
+    await expect(output).to_contain_text('<img src=x onerror="window.__pwned')  # shown as text
+    await output.get_by_text("click me").click()
+    await output.get_by_text("raw link").click()
+    # The tool's arguments and its result (the planted file) are shown as the text they are.
+    tool = turn.locator(".tool")
+    await expect(tool.locator(".tool-args")).to_contain_text("<svg onload=x>")
+    await tool.locator("summary").click()
+    await expect(tool.locator(".tool-result-body")).to_have_text(planted)
+    assert await page.evaluate("() => window.__pwned") is None
+
+
+async def test_copy_buttons_put_the_code_and_the_answer_on_the_clipboard(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    openai_peer.script(Reply(chunks=split(ANSWER, 40)))
+    await start_drone(Upstream("openai", openai_peer))
+    await grant_clipboard(page, relay)
+    await open_hangar(page, relay)
+    turn = await submit(page, "Code please")
+    await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+
+    copy_code = turn.get_by_role("button", name="Copy code")
+    await copy_code.click()
+    assert await clipboard(page) == "def double(x: int) -> int:\n    return x * 2"
+    await expect(copy_code).to_have_attribute("data-copied", "true")
+
+    copy_answer = turn.get_by_role("button", name="Copy answer")
+    await copy_answer.click()
+    assert await clipboard(page) == ANSWER
+    record = await stored(relay, await turn_id_of(turn), "finished")
+    assert record.text == ANSWER
+
+
+async def test_retry_edit_and_recall_send_earlier_prompts_again(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    openai_peer.script(
+        Reply(chunks=["First answer."]),
+        Reply(chunks=[], status=400, error_message="upstream broke"),
+        Reply(chunks=["Retried answer."]),
+        Reply(chunks=["Edited answer."]),
+        Reply(chunks=["Recalled answer."]),
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    prompt = page.locator("#prompt")
+    turns = page.locator("#turns article.turn")
+    first = await submit(page, "What is two plus two?")
+    await expect(first).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    failed = await submit(page, "Name a prime")
+    await expect(failed).to_have_class(has_class("error"), timeout=2 * WAIT_MS)
+
+    # Retry after an error: a new turn with the same prompt.
+    await failed.get_by_role("button", name="Retry").click()
+    await expect(turns).to_have_count(3, timeout=WAIT_MS)
+    retried = turns.nth(2)
+    await expect(retried.locator(".turn-prompt")).to_have_text("Name a prime")
+    await expect(retried).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    await expect(retried.locator(".turn-output")).to_have_text("Retried answer.")
+    await expect(prompt).to_have_value("")
+
+    # Edit: only the last prompt offers it; it fills the composer, Enter sends a new turn.
+    await expect(first.get_by_role("button", name="Edit")).to_have_count(0)
+    await retried.get_by_role("button", name="Edit").click()
+    await expect(prompt).to_have_value("Name a prime")
+    await expect(prompt).to_be_focused()
+    await page.keyboard.press("End")
+    await page.keyboard.type(" above ten")
+    await page.keyboard.press("Enter")
+    await expect(turns).to_have_count(4, timeout=WAIT_MS)
+    await expect(turns.nth(3).locator(".turn-prompt")).to_have_text("Name a prime above ten")
+    await expect(turns.nth(3)).to_have_class(has_class("finished"), timeout=WAIT_MS)
+
+    # ArrowUp in the empty composer walks back through the session's prompts; ArrowDown returns.
+    await prompt.focus()
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value("Name a prime above ten")
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value("Name a prime")
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value("What is two plus two?")
+    await page.keyboard.press("ArrowDown")
+    await expect(prompt).to_have_value("Name a prime")
+    await page.keyboard.press("ArrowDown")
+    await page.keyboard.press("ArrowDown")
+    await expect(prompt).to_have_value("")
+    await page.keyboard.press("ArrowUp")
+    await page.keyboard.press("ArrowUp")
+    await page.keyboard.press("Enter")
+    await expect(turns).to_have_count(5, timeout=WAIT_MS)
+    await expect(turns.nth(4).locator(".turn-prompt")).to_have_text("Name a prime")
+    await expect(turns.nth(4).locator(".turn-output")).to_have_text(
+        "Recalled answer.", timeout=WAIT_MS
+    )
+    # A composer with text of its own keeps ArrowUp for moving the caret.
+    await prompt.fill("draft")
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value("draft")
+    assert [r.messages[-1]["content"] for r in openai_peer.requests] == [
+        "What is two plus two?",
+        "Name a prime",
+        "Name a prime",
+        "Name a prime above ten",
+        "Name a prime",
+    ]
+
+
+async def test_retry_after_an_abort_sends_the_prompt_again(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03), Reply())
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Try this again")
+    await expect(turn.locator(".turn-output")).to_contain_text("w0 w1 ", timeout=WAIT_MS)
+    await page.click("#cancel")
+    await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+
+    await turn.get_by_role("button", name="Retry").click()
+
+    again = page.locator("#turns article.turn").nth(1)
+    await expect(again.locator(".turn-prompt")).to_have_text("Try this again", timeout=WAIT_MS)
+    await expect(again.locator(".turn-output")).to_have_text("Hello world", timeout=WAIT_MS)
+
+
+async def test_tool_badges_tell_running_done_failed_and_cancelled_apart(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Use some tools")
+        turn_id = await drone.next_order()
+        args = json.dumps({"path": "notes.txt"})
+        await drone.tool(turn_id, "c1", "start", arguments=args)
+        await drone.tool(turn_id, "c1", "end", result="the notes")
+        await drone.tool(turn_id, "c2", "start", arguments=args)
+        await drone.tool(turn_id, "c2", "end", result="Error: There is no file 'gone.txt'.")
+        await drone.tool(turn_id, "c3", "start", name="run_shell")
+        await drone.tool(turn_id, "c3", "error", name="run_shell", result="Error: it broke")
+        await drone.tool(turn_id, "c4", "cancelled", name="run_shell", result=TOOL_CANCELLED)
+        await drone.tool(turn_id, "c5", "start", name="fetch_url")
+
+        badge = turn.locator(".tool .tool-badge")
+        await expect(badge).to_have_text(["done", "failed", "failed", "cancelled", "running"])
+        states = turn.locator(".tool")
+        await expect(states).to_have_count(5)
+        for index, state in enumerate(["end", "error", "error", "cancelled", "start"]):
+            await expect(states.nth(index)).to_have_attribute("data-badge", state)
+        colours = [
+            await b.evaluate("(el) => getComputedStyle(el).color") for b in await badge.all()
+        ]
+        assert colours[0] != colours[1], "done and failed look alike"
+        assert colours[1] == colours[2] and colours[3] not in (colours[0], colours[1])
+
+        # "waiting for approval" and "declined" are drawn too (the wire will carry them).
+        names: list[str] = await page.evaluate(
+            """async () => {
+                const { ToolLine } = await import("/static/tool-line.js");
+                return ["waiting", "declined"].map((state) => {
+                    const line = new ToolLine(`x-${state}`, 0);
+                    line.update({ name: "run_shell", state });
+                    return `${line.el.dataset.badge}:${line.badgeEl.textContent}`;
+                });
+            }"""
+        )
+        assert names == ["waiting:waiting for approval", "declined:declined"]
+        await drone.complete(turn_id, True, "done")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        # The call still running when the turn finished is not left "running".
+        await expect(badge).to_have_text(["done", "failed", "failed", "cancelled", "done"])
+
+
+SHOWCASE = """Two changes make the login check safe to retry:
+
+1. **Hash once** per attempt, off the event loop.
+2. Count failures *per address* as well as per user name.
+
+```python
+async def check_login(store: Store, name: str, password: str) -> bool:
+    \"\"\"True when the password matches; failures are counted.\"\"\"
+    user = await store.user(name)
+    if user is None:
+        return False  # same answer as a wrong password
+    return await asyncio.to_thread(verify, user.hash, password)
+```
+
+Run `make check` before you push.
+"""
+
+
+async def build_showcase(page: Page, relay: RelayHandle, drone: HandDrone) -> None:
+    """One session with a finished answer (Markdown, code, tools), an aborted turn and a
+    running one: every look a turn has."""
+    await open_hangar(page, relay)
+    finished = await submit(page, "Make the login check safe to retry")
+    turn_id = await drone.next_order()
+    args = json.dumps({"path": "server/access.py"})
+    await drone.tool(turn_id, "c1", "start", arguments=args)
+    await drone.tool(turn_id, "c1", "end", result="async def check_login(...)")
+    await drone.tool(turn_id, "c2", "start", name="run_shell", arguments='{"command": "pytest -q"}')
+    await drone.tool(turn_id, "c2", "error", name="run_shell", result="Error: 2 failed")
+    await drone.text(turn_id, SHOWCASE)
+    await drone.complete(turn_id, True, "done")
+    await expect(finished).to_have_class(has_class("finished"), timeout=WAIT_MS)
+
+    aborted = await submit(page, "Now rewrite the whole accounts module")
+    turn_id = await drone.next_order()
+    await drone.text(turn_id, "Starting with `accounts.py`: the first thing to go is")
+    await expect(aborted.locator(".turn-output")).to_contain_text("the first thing")
+    await page.click("#cancel")
+    await drone.abort_asked.wait()
+    await drone.complete(turn_id, True, "aborted")
+    await expect(aborted).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+
+
+async def test_the_page_fits_desktop_and_phone_in_both_themes(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url, "laptop-1", model="gpt-4.1") as drone:
+        await build_showcase(page, relay, drone)
+        session = await page.evaluate("() => window.hangar.currentSessionId()")
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            await page.locator("#prompt").focus()
+            await still(page)
+            await page.screenshot(path=artifact(f"page-{scheme}-desktop.png"))
+        await page.emulate_media(color_scheme="light")
+        running = await submit(page, "Add a test for the unknown user case")
+        turn_id = await drone.next_order()
+        await drone.tool(
+            turn_id, "c3", "start", name="write_file", arguments='{"path": "tests/test_login.py"}'
+        )
+        await drone.text(turn_id, "Writing the test now; it checks that")
+        await expect(running.locator(".turn-output")).to_contain_text("it checks that")
+
+        assert page.context.browser is not None
+        for scheme in ("light", "dark"):
+            context = await page.context.browser.new_context(
+                viewport={"width": 390, "height": 844},
+                is_mobile=True,
+                has_touch=True,
+                color_scheme=scheme,
+                device_scale_factor=2,
+            )
+            try:
+                phone = await context.new_page()
+                await log_in(phone, relay, "tester")
+                await phone.goto(f"{relay.url}/#s={session}")
+                await expect(phone.locator("#cancel")).to_be_visible(timeout=WAIT_MS)
+                widths = await phone.evaluate(
+                    "() => [document.documentElement.scrollWidth, document.body.scrollWidth]"
+                )
+                assert max(widths) <= 390, f"horizontal overflow on a phone: {widths}"
+                await still(phone)
+                await phone.screenshot(path=artifact(f"page-{scheme}-phone.png"))
+            finally:
+                await context.close()
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            await still(page)
+            await page.screenshot(path=artifact(f"page-{scheme}-desktop-running.png"))
+        drone.answer_aborts.set()

@@ -1,0 +1,242 @@
+"""The sessions sidebar in real Chromium: sessions by last activity, renamed inline from the
+keyboard, deleted after a confirmation, searched on the relay, loaded a page at a time as the
+list scrolls, changed by another browser, and on a phone a drawer of whole titles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from playwright.async_api import Locator, Page, expect
+
+from hangar.server.store import SessionRecord, TurnRecord
+from hangar.shared.protocol import ChatMessage
+from tests.browser.test_page import WAIT_MS, open_hangar
+from tests.conftest import RelayHandle
+
+pytestmark = pytest.mark.browser
+
+PERSON = "tester"
+
+
+async def make_sessions(relay: RelayHandle, titles: list[str], person: str = PERSON) -> list[str]:
+    """Store sessions of ``person``, the first title's the latest; returns their ids in that
+    order (the sidebar's)."""
+    user = await relay.relay.accounts.user(person)
+    assert user is not None
+    now = time.time()
+    ids = []
+    for n, title in enumerate(titles):
+        session = SessionRecord(f"s_{n:04d}", user.user_id, title, now - 3600 - 60 * n)
+        await relay.relay.store.create_session(session)
+        ids.append(session.session_id)
+    return ids
+
+
+def item(page: Page, session_id: str) -> Locator:
+    return page.locator(f'#sessions [data-session-id="{session_id}"]')
+
+
+async def listed(page: Page) -> list[str]:
+    found: list[str] = await page.locator("#sessions .session").evaluate_all(
+        "(buttons) => buttons.map((b) => b.dataset.sessionId)"
+    )
+    return found
+
+
+async def open_with(page: Page, relay: RelayHandle, titles: list[str]) -> list[str]:
+    """Log in, store the person's sessions, load the page with them listed."""
+    await open_hangar(page, relay, PERSON)
+    ids = await make_sessions(relay, titles)
+    await page.reload()
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    await expect(page.locator("#sessions .session").first).to_be_attached(timeout=WAIT_MS)
+    return ids
+
+
+async def test_a_session_is_renamed_inline_from_the_keyboard(
+    page: Page, relay: RelayHandle
+) -> None:
+    ids = await open_with(page, relay, ["Newest", "Draft about billing", "Oldest"])
+    await item(page, ids[1]).click()
+    await expect(page.locator("#session-title")).to_have_text("Draft about billing")
+
+    await item(page, ids[1]).focus()
+    await page.keyboard.press("Tab")  # to its Rename button, shown while the item has focus
+    rename = page.get_by_role("button", name="Rename session: Draft about billing")
+    await expect(rename).to_be_focused()
+    await expect(rename).to_be_visible()
+    await page.keyboard.press("Enter")
+    title = page.get_by_role("textbox", name="Session title")
+    await expect(title).to_be_focused()
+    await expect(title).to_have_value("Draft about billing")
+    await page.keyboard.type("Billing: invoices per customer")  # replaces the selected title
+    await page.keyboard.press("Enter")
+
+    await expect(item(page, ids[1]).locator(".session-title")).to_have_text(
+        "Billing: invoices per customer"
+    )
+    await expect(item(page, ids[1])).to_be_focused()
+    await expect(page.locator("#session-title")).to_have_text("Billing: invoices per customer")
+    assert await listed(page) == [ids[1], ids[0], ids[2]]  # a rename is the latest activity
+    stored = await relay.relay.store.get_session(ids[1])
+    assert stored is not None and stored.title == "Billing: invoices per customer"
+
+    # Esc leaves the title as it was (and does not arm the page's Esc Esc abort).
+    await page.get_by_role("button", name="Rename session: Oldest").click()
+    await page.keyboard.type("Something else")
+    await page.keyboard.press("Escape")
+    await expect(item(page, ids[2]).locator(".session-title")).to_have_text("Oldest")
+    await expect(page.locator("#toasts")).not_to_contain_text("Press Esc again")
+    stored = await relay.relay.store.get_session(ids[2])
+    assert stored is not None and stored.title == "Oldest"
+
+
+async def test_deleting_a_session_asks_first_then_removes_it_everywhere(
+    page: Page, relay: RelayHandle
+) -> None:
+    ids = await open_with(page, relay, ["Keep me", "Delete me"])
+    await item(page, ids[1]).click()
+    dialog = page.get_by_role("dialog", name="Delete this session?")
+
+    await page.get_by_role("button", name="Delete session: Delete me").click()
+    await expect(dialog).to_be_visible()
+    await expect(dialog).to_contain_text("“Delete me” and all its turns will be deleted for good.")
+    await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    await page.keyboard.press("Escape")
+    await expect(dialog).to_be_hidden()
+    await expect(item(page, ids[1])).to_be_visible()
+    assert await relay.relay.store.get_session(ids[1]) is not None
+
+    await page.get_by_role("button", name="Delete session: Delete me").click()
+    await dialog.get_by_role("button", name="Delete").click()
+
+    await expect(item(page, ids[1])).to_have_count(0)
+    await expect(page.locator("#toasts")).to_contain_text("Session deleted.")
+    await expect(page.locator("#session-title")).to_have_text("New session")  # it was open
+    assert await relay.relay.store.get_session(ids[1]) is None
+    assert await listed(page) == [ids[0]]
+
+
+async def test_a_session_whose_turn_waits_is_not_deleted_and_the_page_says_why(
+    page: Page, relay: RelayHandle
+) -> None:
+    ids = await open_with(page, relay, ["Waiting for a drone"])
+    user = await relay.relay.accounts.user(PERSON)
+    assert user is not None
+    turn = TurnRecord(
+        "t_waiting",
+        ids[0],
+        user.user_id,
+        "Do it",
+        status="queued",
+        messages=[ChatMessage(role="user", content="Do it")],
+    )
+    await relay.relay.store.create_turn(turn)
+    await page.reload()
+    await expect(item(page, ids[0]).locator(".session-queued")).to_have_text("queued")
+
+    await page.get_by_role("button", name="Delete session: Waiting for a drone").click()
+
+    dialog = page.get_by_role("dialog", name="Stop its turns first")
+    await expect(dialog).to_contain_text("has a turn running or waiting in line")
+    await expect(dialog.get_by_role("button", name="Delete")).to_have_count(0)
+    await dialog.get_by_role("button", name="Close").click()
+    assert await relay.relay.store.get_session(ids[0]) is not None
+
+
+async def test_search_asks_the_relay_and_finds_titles_and_prompts(
+    page: Page, relay: RelayHandle
+) -> None:
+    titles = [f"Routine session {n}" for n in range(80)]
+    titles[70] = "The Über deployment"
+    ids = await open_with(page, relay, titles)
+    user = await relay.relay.accounts.user(PERSON)
+    assert user is not None
+    prompt = "Where is the über config kept?"
+    turn = TurnRecord("t_1", ids[75], user.user_id, prompt, status="finished", created_at=1.0)
+    await relay.relay.store.create_turn(turn)  # an old turn: the session keeps its place
+    assert ids[70] not in await listed(page)  # further down than the first page
+
+    await page.fill("#sessions-search", "ÜBER")
+
+    await expect(page.locator("#sessions .session")).to_have_count(2)
+    assert await listed(page) == [ids[70], ids[75]]
+    await page.fill("#sessions-search", "no such thing")
+    await expect(page.locator("#sessions-empty")).to_have_text("No sessions match “no such thing”.")
+    await page.focus("#sessions-search")
+    await page.keyboard.press("Escape")  # clears the search
+    await expect(page.locator("#sessions-search")).to_have_value("")
+    await expect(page.locator("#sessions .session").first).to_have_attribute(
+        "data-session-id", ids[0]
+    )
+
+
+async def test_more_sessions_load_as_the_list_scrolls(page: Page, relay: RelayHandle) -> None:
+    ids = await open_with(page, relay, [f"Session number {n}" for n in range(120)])
+    sessions = page.locator("#sessions .session")
+    await expect(sessions).to_have_count(50)
+
+    for count in (100, 120):
+        await page.locator("#sessions").evaluate(
+            "(list) => { list.scrollTop = list.scrollHeight; }"
+        )
+        await expect(sessions).to_have_count(count)
+
+    assert await listed(page) == ids
+    await expect(page.locator("#sessions .sessions-more")).to_be_hidden()  # the end
+
+
+async def test_another_browsers_changes_show_at_once(
+    page: Page, relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    ids = await open_with(page, relay, ["First", "Second", "Third"])
+    other = await browsers(PERSON)
+
+    await other.call("renameSession", {"sessionId": ids[2], "title": "Third, renamed elsewhere"})
+    await expect(item(page, ids[2]).locator(".session-title")).to_have_text(
+        "Third, renamed elsewhere"
+    )
+    assert (await listed(page))[0] == ids[2]
+
+    await other.call("deleteSession", {"sessionId": ids[0]})
+    await expect(item(page, ids[0])).to_have_count(0)
+
+    ack = await other.submit("Asked from a phone")
+    await expect(item(page, ack["sessionId"]).locator(".session-title")).to_have_text(
+        "Asked from a phone"
+    )
+    assert (await listed(page))[0] == ack["sessionId"]
+    await expect(item(page, ack["sessionId"]).locator(".session-queued")).to_have_text("queued")
+
+
+async def test_a_phone_lists_whole_distinct_titles_in_a_drawer(
+    page: Page, relay: RelayHandle
+) -> None:
+    stem = "Refactor the billing service so invoices are generated per customer"
+    titles = [f"{stem}, step {n}" for n in range(1, 4)]
+    await page.set_viewport_size({"width": 390, "height": 844})
+    ids = await open_with(page, relay, titles)
+    toggle = page.locator("#sessions-toggle")
+    await expect(page.locator("#sessions-panel")).to_be_hidden()
+
+    await toggle.click()
+
+    await expect(toggle).to_have_attribute("aria-expanded", "true")
+    for session_id, title in zip(ids, titles, strict=True):
+        shown = item(page, session_id).locator(".session-title")
+        await expect(shown).to_be_visible()
+        await expect(shown).to_have_text(title)
+        await expect(shown).to_be_in_viewport(ratio=1)
+        whole = await shown.evaluate("(el) => el.scrollHeight <= el.clientHeight + 1")
+        assert whole, f"{title!r} is cut short"
+    await page.keyboard.press("Escape")
+    await expect(page.locator("#sessions-panel")).to_be_hidden()
+    await expect(toggle).to_be_focused()
+
+    await toggle.click()
+    await item(page, ids[2]).click()  # choosing one closes the drawer
+    await expect(page.locator("#sessions-panel")).to_be_hidden()
+    await expect(toggle).to_contain_text(titles[2])

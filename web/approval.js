@@ -1,0 +1,230 @@
+// A tool call waiting for the person: its approval card (what would run, Approve / Deny, "Always
+// for this session"), the answer sent to the relay, and where the keyboard goes meanwhile.
+
+import { APPROVE_TOOL_CALL } from "./protocol.js";
+import { request, socket } from "./socket.js";
+import { announce, byId, h, toast } from "./ui.js";
+
+/** browser -> relay, `{turnId, callId, approve, always?}` -> `{ok}` | `{ok: false, error}`. */
+export const WAITING_NEWS = "A tool call is waiting for your approval.";
+/** What a file write shows of the content it would write, at most. */
+const CONTENT_PREVIEW_CHARS = 20_000;
+/** A prompt typed in this recently (since it was last sent) is someone typing: a new card does
+ * not take the keyboard from it. */
+const TYPING_MS = 2000;
+/** Error answers share one toast: each replaces the one before. */
+const APPROVAL_TOAST = "approval";
+const COUNT = new Intl.NumberFormat("en");
+
+let cards = 0;
+
+/** The arguments as an object, or null when they are not a JSON object. */
+function parsed(raw) {
+  try {
+    const value = JSON.parse(raw);
+    return value && typeof value === "object" && !Array.isArray(value) ? value : null;
+  } catch {
+    return null;
+  }
+}
+
+const asText = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2) ?? String(value));
+
+function codeBlock(text) {
+  return h("pre", { class: "approval-code" }, h("code", {}, text));
+}
+
+/** The question a card asks, by tool. */
+function question(name) {
+  switch (name) {
+    case "run_shell":
+      return "Run this command?";
+    case "write_file":
+      return "Write this file?";
+    case "fetch_url":
+      return "Fetch this URL?";
+    default:
+      return `Use ${name}?`;
+  }
+}
+
+/** What the call would do, drawn from its (untrusted) arguments: text nodes only. */
+function argumentsOf(name, raw) {
+  const text = typeof raw === "string" ? raw : "";
+  const args = parsed(text);
+  if (!args) return text ? [codeBlock(text)] : [h("p", { class: "approval-note" }, "No arguments.")];
+  if (name === "run_shell" && typeof args.command === "string") {
+    const { command, ...rest } = args;
+    return [codeBlock(command), fields(rest)];
+  }
+  if (name === "write_file" && typeof args.path === "string") {
+    const { path, content, ...rest } = args;
+    const body = typeof content === "string" ? content : asText(content ?? "");
+    const shown = body.slice(0, CONTENT_PREVIEW_CHARS);
+    return [
+      h("p", { class: "approval-path" }, "To ", h("code", {}, path), ` (${sizeWords(body)})`),
+      body ? codeBlock(shown) : h("p", { class: "approval-note" }, "An empty file."),
+      shown.length < body.length
+        ? h("p", { class: "approval-note" }, `Showing the first ${COUNT.format(shown.length)} characters.`)
+        : null,
+      fields(rest),
+    ];
+  }
+  return [fields(args)];
+}
+
+function sizeWords(text) {
+  const lines = text ? text.split("\n").length - (text.endsWith("\n") ? 1 : 0) : 0;
+  return `${COUNT.format(lines)} ${lines === 1 ? "line" : "lines"}, ${COUNT.format(text.length)} characters`;
+}
+
+function fields(args) {
+  const entries = Object.entries(args);
+  if (!entries.length) return null;
+  return h(
+    "dl",
+    { class: "approval-fields" },
+    entries.map(([key, value]) => [h("dt", {}, key), h("dd", {}, asText(value))]),
+  );
+}
+
+/**
+ * The card shown in a tool line while its call waits. `onAnswer(approve, always)` runs on Approve
+ * or Deny; `canAnswer` is false for someone watching another person's turn (no buttons then).
+ */
+export class ApprovalCard {
+  constructor({ turnId, callId, name, args, depth }, { onAnswer, canAnswer }) {
+    this.turnId = turnId;
+    this.callId = callId;
+    this.pending = false;
+    const titleId = `approval-${++cards}`;
+    const d = Number(depth) || 0;
+    this.approveButton = h("button", { type: "button", class: "button primary approval-approve" }, "Approve");
+    this.denyButton = h("button", { type: "button", class: "button approval-deny" }, "Deny");
+    this.always = h("input", { type: "checkbox", class: "approval-always-box" });
+    this.approveButton.addEventListener("click", () => onAnswer(true, this.always.checked));
+    this.denyButton.addEventListener("click", () => onAnswer(false, false));
+    const actions = canAnswer
+      ? h(
+          "div",
+          { class: "approval-actions" },
+          this.approveButton,
+          this.denyButton,
+          h(
+            "label",
+            { class: "approval-always", title: `Run ${name} without asking for the rest of this session` },
+            this.always,
+            "Always for this session",
+          ),
+        )
+      : h("p", { class: "approval-note" }, "Waiting for its owner's approval.");
+    this.el = h(
+      "div",
+      { class: "approval", role: "group", "aria-labelledby": titleId, dataset: { callId } },
+      h(
+        "p",
+        { class: "approval-title", id: titleId },
+        question(name),
+        d > 0 ? h("span", { class: "approval-depth" }, ` · asked by a sub-agent, depth ${d}`) : null,
+      ),
+      argumentsOf(name, args),
+      actions,
+    );
+  }
+
+  get focused() {
+    return this.el.contains(document.activeElement);
+  }
+
+  /** An answer is on its way (the buttons keep the keyboard, but do nothing more). */
+  setPending(approve) {
+    this.pending = approve !== null;
+    for (const [button, idle, busy] of [
+      [this.approveButton, "Approve", "Approving…"],
+      [this.denyButton, "Deny", "Denying…"],
+    ]) {
+      button.setAttribute("aria-disabled", String(this.pending));
+      button.textContent = this.pending && (button === this.approveButton) === approve ? busy : idle;
+    }
+  }
+
+  focus() {
+    this.approveButton.focus();
+  }
+}
+
+/**
+ * The page's side of approvals: answers go to the relay, a card shown in the open session is
+ * announced once, and takes the keyboard unless the person is typing or working elsewhere.
+ * `list` is #turns; `focusPrompt()` takes the keyboard back when a focused card goes.
+ */
+export function createApprovals({ list, focusPrompt }) {
+  const prompt = byId("prompt");
+  const conversation = byId("conversation");
+  /** Calls already announced (a snapshot after a reconnect draws their cards again). */
+  const announced = new Set();
+  /** When the person last typed in the prompt since they last sent it. */
+  let typedAt = -Infinity;
+  prompt.addEventListener("input", () => {
+    typedAt = performance.now();
+  });
+  byId("prompt-form").addEventListener("submit", () => {
+    typedAt = -Infinity;
+  });
+
+  /**
+   * Whether a new card may take the keyboard: only from nowhere, the conversation itself, or an
+   * empty prompt nobody is typing in. Anywhere else (Cancel, another card, the sidebar, a rename)
+   * the person is doing something, and an Enter meant for it must not approve a command.
+   */
+  function mayTakeFocus() {
+    const active = document.activeElement;
+    if (!active || active === document.body || active === conversation) return true;
+    return active === prompt && prompt.value === "" && performance.now() - typedAt > TYPING_MS;
+  }
+
+  /** A card was drawn: once it is in the open session's list, say so and maybe focus it. */
+  function shown(card) {
+    queueMicrotask(() => {
+      if (!list.contains(card.el)) return;
+      const key = `${card.turnId} ${card.callId}`;
+      if (!announced.has(key)) {
+        announced.add(key);
+        announce(WAITING_NEWS);
+      }
+      if (mayTakeFocus()) card.focus();
+    });
+  }
+
+  /** A card went (answered, or the call moved on): a keyboard that was on it goes on. */
+  function gone(card, hadFocus) {
+    if (!hadFocus) return;
+    const next = list.querySelector(".approval .approval-approve");
+    if (next) next.focus();
+    else focusPrompt();
+  }
+
+  /** Send the person's answer; `done(approve)` runs once the relay took it. A refusal is shown,
+   * unless the card has gone meanwhile (the call moved on: aborted, answered elsewhere). */
+  async function answer(card, approve, always, done) {
+    if (card.pending) return;
+    if (!socket.connected) {
+      toast("Not connected to the relay. Try again once it is back.", { error: true, key: APPROVAL_TOAST });
+      return;
+    }
+    card.setPending(approve);
+    const payload = { turnId: card.turnId, callId: card.callId, approve };
+    if (approve && always) payload.always = true;
+    let res;
+    try {
+      [res] = await request(APPROVE_TOOL_CALL, payload);
+    } catch (err) {
+      res = { ok: false, error: err.message };
+    }
+    card.setPending(null);
+    if (res?.ok) done(approve);
+    else if (card.el.isConnected) toast(res?.error || "The answer was not taken.", { error: true, key: APPROVAL_TOAST });
+  }
+
+  return { shown, gone, answer };
+}

@@ -1,0 +1,85 @@
+// Model text as Markdown: marked parses it, DOMPurify keeps only inert markup, highlight.js colours
+// code. Model output is untrusted: raw HTML in it is shown as the text it is, an image becomes a
+// link (a remote image would load, and could carry data out, without anyone asking), and a URL
+// that could run script is dropped.
+
+import hljs from "/static/vendor/highlight.min.js";
+import { Marked } from "/static/vendor/marked.esm.js";
+import "/static/vendor/purify.min.js"; // its UMD build defines globalThis.DOMPurify
+
+const purify = globalThis.DOMPurify(window);
+
+/** Guessing the language of a longer unlabelled block costs more than the colours are worth. */
+const GUESS_MAX_CHARS = 10_000;
+
+const ALLOWED_TAGS = [
+  "a", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr",
+  "input", "kbd", "li", "ol", "p", "pre", "s", "span", "strong", "sub", "sup", "table",
+  "tbody", "td", "th", "thead", "tr", "ul",
+]; // prettier-ignore
+const ALLOWED_ATTR = ["href", "title", "class", "start", "align", "checked", "disabled", "type"];
+const LANGUAGE_CLASS = /^language-[\w+#.-]{1,40}$/;
+
+const escapeHtml = (text) =>
+  String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+/** The page's Markdown dialect: GitHub's, with raw HTML shown as text and images as links. */
+export const markdown = new Marked({
+  gfm: true,
+  renderer: {
+    html: ({ text }) => escapeHtml(text),
+    image: ({ href, text }) => `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`,
+  },
+});
+
+purify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.hasAttribute("class")) {
+    const keep = node.tagName === "CODE" && LANGUAGE_CLASS.test(node.getAttribute("class"));
+    if (!keep) node.removeAttribute("class"); // no borrowing the page's own styles
+  }
+  if (node.tagName === "A") {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+  } else if (node.tagName === "INPUT") {
+    node.setAttribute("type", "checkbox"); // a task list's box, never a field
+    node.setAttribute("disabled", "");
+  }
+});
+
+/**
+ * Block tokens (from a `markdown.Lexer`) as sanitised DOM nodes, code blocks highlighted and given
+ * a Copy button. An unlabelled code block's language is guessed only once it is `settled`: a
+ * guess for a block still streaming would change its colours from frame to frame.
+ */
+export function renderTokens(tokens, { settled }) {
+  const html = markdown.parser(tokens);
+  const fragment = purify.sanitize(html, { ALLOWED_TAGS, ALLOWED_ATTR, RETURN_DOM_FRAGMENT: true });
+  for (const code of fragment.querySelectorAll("pre > code")) decorateCode(code, settled);
+  return fragment;
+}
+
+function decorateCode(code, settled) {
+  const pre = code.parentElement;
+  const named = /language-([\w+#.-]+)/.exec(code.className)?.[1]?.toLowerCase() ?? "";
+  const text = code.textContent;
+  let highlighted = null;
+  if (named && hljs.getLanguage(named)) {
+    highlighted = hljs.highlight(text, { language: named, ignoreIllegals: true });
+  } else if (!named && settled && text.length <= GUESS_MAX_CHARS) {
+    highlighted = hljs.highlightAuto(text);
+  }
+  if (highlighted) {
+    code.innerHTML = highlighted.value; // highlight.js escapes the text it wraps in its spans
+    code.classList.add("hljs");
+  }
+  const block = document.createElement("div");
+  block.className = "code-block";
+  block.dataset.lang = named || (highlighted?.relevance > 5 ? highlighted.language : "") || "";
+  const copy = document.createElement("button");
+  copy.type = "button";
+  copy.className = "copy-code";
+  copy.setAttribute("aria-label", "Copy code");
+  copy.title = "Copy code";
+  pre.replaceWith(block);
+  block.append(copy, pre);
+}

@@ -1,0 +1,169 @@
+// Renaming a session inline and deleting one after a confirmation, for the sessions sidebar.
+
+import { DELETE_SESSION, RENAME_SESSION } from "./protocol.js";
+import { request } from "./socket.js";
+import { h, toast } from "./ui.js";
+
+const MAX_TITLE_CHARS = 200;
+const EMPTY_TITLE = "A session's title cannot be empty.";
+
+/**
+ * The sidebar's edits. `list`: `find(id)` a session's view, `itemOf(id)` its <li>,
+ * `retitle(id, title)` shows a title at once, `upsert(view)` takes the relay's view,
+ * `removed(id, {byMe})` drops it, `busy(view)` whether a turn of it runs or waits, `isOpen(id)`,
+ * and `fallbackFocus`, where the keyboard goes when a focused item is deleted and none is left.
+ */
+export function createSessionEdits(list) {
+  function startRename(sessionId) {
+    const li = list.itemOf(sessionId);
+    const s = list.find(sessionId);
+    if (!li || !s || s.ownerName || li.classList.contains("renaming")) return;
+    const input = h("input", {
+      type: "text",
+      class: "session-rename",
+      maxlength: MAX_TITLE_CHARS,
+      "aria-label": "Session title",
+      enterkeyhint: "done",
+      spellcheck: "false",
+    });
+    input.value = s.title || "";
+    const form = h("form", { class: "session-rename-form" }, input);
+    li.classList.add("renaming");
+    li.prepend(form);
+    input.focus();
+    input.select();
+    let done = false;
+    const finish = (save, refocus) => {
+      if (done) return;
+      done = true;
+      li.classList.remove("renaming");
+      form.remove();
+      if (refocus) li.querySelector(".session").focus();
+      if (save) rename(sessionId, input.value);
+    };
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      finish(true, true);
+    });
+    input.addEventListener("keydown", (event) => {
+      if (event.key !== "Escape") return;
+      event.preventDefault();
+      event.stopPropagation(); // not the page's Esc Esc abort
+      finish(false, true);
+    });
+    input.addEventListener("blur", () => finish(true, false));
+  }
+
+  async function rename(sessionId, typed) {
+    const s = list.find(sessionId);
+    const title = typed.replace(/\s+/g, " ").trim();
+    if (!s || title === s.title) return;
+    if (!title) {
+      toast(EMPTY_TITLE, { error: true });
+      return;
+    }
+    const before = s.title;
+    list.retitle(sessionId, title);
+    let res;
+    try {
+      [res] = await request(RENAME_SESSION, { sessionId, title });
+    } catch (err) {
+      res = { ok: false, error: err.message };
+    }
+    if (res?.ok && res.session) {
+      list.upsert(res.session);
+      return;
+    }
+    if (list.find(sessionId)?.title === title) list.retitle(sessionId, before);
+    toast(res?.error || "Could not rename the session.", { error: true });
+  }
+
+  let dialog = null;
+
+  /** The confirmation: a modal dialog whose Cancel has the focus. */
+  function deleteDialog() {
+    if (dialog) return dialog;
+    const title = h("h2", { id: "delete-session-heading", class: "dialog-title" });
+    const body = h("p", { id: "delete-session-body", class: "dialog-body" });
+    const cancel = h(
+      "button",
+      { type: "submit", value: "cancel", class: "button secondary", autofocus: true },
+      "Cancel",
+    );
+    const confirm = h("button", { type: "submit", value: "delete", class: "button danger" }, "Delete");
+    dialog = h(
+      "dialog",
+      {
+        class: "confirm-dialog",
+        "aria-labelledby": "delete-session-heading",
+        "aria-describedby": "delete-session-body",
+      },
+      h(
+        "form",
+        { method: "dialog" },
+        title,
+        body,
+        h("div", { class: "dialog-actions" }, cancel, confirm),
+      ),
+    );
+    dialog.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") event.stopPropagation(); // not the page's Esc Esc abort
+    });
+    dialog.addEventListener("click", (event) => {
+      if (event.target === dialog) dialog.close("cancel"); // a click on the backdrop
+    });
+    document.body.append(dialog);
+    return dialog;
+  }
+
+  function confirmDelete(sessionId) {
+    const s = list.find(sessionId);
+    if (!s) return;
+    const d = deleteDialog();
+    const busy = list.busy(s);
+    const [cancel, confirm] = d.querySelectorAll(".dialog-actions button");
+    const whose = s.ownerName ? `, ${s.ownerName}'s session,` : "";
+    d.querySelector(".dialog-title").textContent = busy
+      ? "Stop its turns first"
+      : "Delete this session?";
+    d.querySelector(".dialog-body").textContent = busy
+      ? `“${s.title}” has a turn running or waiting in line. Stop it before deleting the session.`
+      : `“${s.title}”${whose} and all its turns will be deleted for good.`;
+    confirm.hidden = busy;
+    cancel.textContent = busy ? "Close" : "Cancel";
+    d.returnValue = "";
+    d.addEventListener(
+      "close",
+      () => {
+        if (d.returnValue === "delete") remove(sessionId);
+        else list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
+      },
+      { once: true },
+    );
+    d.showModal();
+    cancel.focus();
+  }
+
+  async function remove(sessionId) {
+    let res;
+    try {
+      [res] = await request(DELETE_SESSION, { sessionId });
+    } catch (err) {
+      res = { ok: false, error: err.message };
+    }
+    const li = list.itemOf(sessionId);
+    if (!res?.ok) {
+      toast(res?.error || "Could not delete the session.", { error: true });
+      li?.querySelector('[data-action="delete"]')?.focus();
+      return;
+    }
+    // Focus moves on to the next session (or the search box), not to the page's start.
+    const hadFocus = li?.contains(document.activeElement) && !list.isOpen(sessionId);
+    const after = (li?.nextElementSibling ?? li?.previousElementSibling)?.querySelector(".session");
+    list.removed(sessionId, { byMe: true });
+    toast("Session deleted.");
+    if (hadFocus) (after?.isConnected ? after : list.fallbackFocus).focus();
+  }
+
+  return { startRename, confirmDelete };
+}
