@@ -39,6 +39,18 @@ def yes_no(text: str) -> bool:
     raise ValueError(f"expected yes or no, got {text!r}.")
 
 
+def worker_count(text: str) -> int | None:
+    """A number of worker processes, or None for ``auto``."""
+    if text.strip().lower() == "auto":
+        return None
+    return whole_number(0, MAX_CONCURRENCY, "auto or a whole number")(text)
+
+
+def auto_workers(concurrency: int) -> int:
+    """One worker process per core, at most one per work order run at once."""
+    return min(concurrency, os.cpu_count() or 1)
+
+
 def relay_urls(text: str) -> str:
     """One relay URL, or several separated by commas."""
     urls = [part.strip() for part in text.split(",")]
@@ -143,6 +155,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_setting(
         parser,
+        "--workers",
+        env="HANGAR_WORKERS",
+        default="auto",
+        check=worker_count,
+        help="worker processes that run the work orders, so the drone's connection stays "
+        "responsive however busy they are; 0 runs them in the drone's own process "
+        "(HANGAR_WORKERS; default auto: as many as the machine has cores, at most the "
+        "concurrency)",
+    )
+    add_setting(
+        parser,
         "--workdir",
         env="HANGAR_WORKDIR",
         default=".",
@@ -218,6 +241,7 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
         api_key=args.api_key,
         ollama_host=args.ollama_host,
         concurrency=args.concurrency,
+        workers=auto_workers(args.concurrency) if args.workers is None else args.workers,
         deadline=args.deadline or None,
         stall=args.stall or None,
         workdir=args.workdir,

@@ -22,6 +22,7 @@ from hangar.shared.protocol import (
     APPROVE_TOOL_CALL,
     DISMISSED,
     DRONE_NAMESPACE,
+    HISTORY_MISS,
     WORK_ORDER,
     WORK_ORDER_COMPLETE,
     WORK_ORDER_PROGRESS,
@@ -37,10 +38,13 @@ from hangar.shared.protocol import (
 )
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
+from .histories import HistoryKeeper
 from .report import TurnReport
 
 log = logging.getLogger("hangar.drone")
 
+MAX_ORDER_BYTES = 256 * 1024 * 1024
+"""The largest message from a relay a drone takes (a work order with its whole history)."""
 SETTLE_ON_CLOSE = 5.0
 """Seconds a closing drone waits for the relay to confirm the endings it still holds."""
 REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)
@@ -52,7 +56,8 @@ class DroneRefusedError(Exception):
 
 
 class WorkOrders(Protocol):
-    """What the connection hands the relay's orders to (the agent service)."""
+    """What the connection hands the relay's orders to: the agent service, or the worker pool
+    that runs it in worker processes. Each answers at once, without waiting for the work."""
 
     def accept(self, order: WorkOrder) -> dict[str, Any]: ...
 
@@ -82,9 +87,13 @@ class RelayConnection:
             reconnection_delay=0.2,
             reconnection_delay_max=3,
             randomization_factor=0.3,
+            # aiohttp refuses websocket messages over 4 MiB by default: a work order with a
+            # long history would cost the drone its connection.
+            websocket_extra_options={"max_msg_size": MAX_ORDER_BYTES},
         )
         self.orders: WorkOrders | None = None
         self.deliveries = Deliveries(self)
+        self.histories = HistoryKeeper()
         self.refusal: str | None = None
         self.refused = asyncio.Event()
         self.connected = asyncio.Event()
@@ -107,10 +116,16 @@ class RelayConnection:
 
         async def on_work_order(data: Any = None) -> dict[str, Any]:
             try:
-                order = WorkOrder.model_validate(data)
+                sent = WorkOrder.model_validate(data)
             except ValidationError as error:
                 return {"ok": False, "error": describe(error)}
+            order = self.histories.complete(sent)
+            if order is None:
+                log.info("work order turn=%s: its history is not kept here", sent.turn_id)
+                return {"ok": False, "error": HISTORY_MISS}
             answer = orders.accept(order)
+            if answer["ok"]:
+                self.histories.keep(order)
             log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
             return answer
 
@@ -119,7 +134,11 @@ class RelayConnection:
                 request = AbortOrder.model_validate(data)
             except ValidationError as error:
                 return False, describe(error)
-            return orders.abort(request.turn_id, request.mode)
+            answer = orders.abort(request.turn_id, request.mode)
+            if answer[0]:
+                what = "abort signaled" if request.mode == "now" else "stop after this step"
+                log.info("%s turn=%s", what, request.turn_id)
+            return answer
 
         async def on_approve_tool_call(data: Any = None) -> dict[str, Any]:
             try:
@@ -187,8 +206,9 @@ class RelayConnection:
         ending the relay has yet to confirm)."""
         running = self.orders.running_ids() if self.orders is not None else []
         running += [t for t in self.deliveries.turns() if t not in running]
+        record = self.record.model_copy(update={"history_cache": True})
         hello = DroneHello(
-            **self.record.model_dump(), token=self.token, instance=self.instance, running=running
+            **record.model_dump(), token=self.token, instance=self.instance, running=running
         )
         return hello.wire()
 

@@ -63,8 +63,9 @@ class TurnReport:
         self._said_chars = 0
         self._messages = 0
 
-    async def text(self, text: str, depth: int) -> None:
-        self.sender.chunks_streamed += 1
+    async def text(self, text: str, depth: int, chunks: int = 1) -> None:
+        """``chunks``: how many of the model's chunks ``text`` is (a worker sends them joined)."""
+        self.sender.chunks_streamed += chunks
         if self._held and depth != self._held_depth:
             await self.flush()
         self._held.append(text)

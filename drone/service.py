@@ -144,20 +144,18 @@ class AgentService:
         return {"ok": True}
 
     def abort(self, turn_id: str, mode: Literal["now", "after_step"] = "now") -> tuple[bool, str]:
-        """Fire the work order's signal and answer at once; the turn ends on its own."""
+        """Fire the work order's signal and answer at once; the turn ends on its own. (The
+        connection logs the answer: in a worker process this is not where the drone answers.)"""
         running = self.running.get(turn_id)
         if running is None:
             if turn_id in self.ended or mode != "now":
                 return False, NO_ACTIVE_WORK_ORDER
-            _remember(self.aborted_early, turn_id)  # its work order is still on its way
-            log.info("abort signaled turn=%s before its work order", turn_id)
+            remember(self.aborted_early, turn_id)  # its work order is still on its way
             return True, ABORT_SIGNALED
         if mode == "after_step":
             running.gentle.abort(AbortError(cause="person"))
-            log.info("stop after this step turn=%s", turn_id)
             return True, STOP_AFTER_STEP
         running.controller.abort(AbortError(cause="person"))
-        log.info("abort signaled turn=%s", turn_id)
         return True, ABORT_SIGNALED
 
     def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
@@ -240,7 +238,7 @@ class AgentService:
                 running.deadline.cancel()
             controller.close()
             self.running.pop(order.turn_id, None)
-            _remember(self.ended, order.turn_id)
+            remember(self.ended, order.turn_id)
         ending = Ending(reason=reason, usage=running.tally.usage)
         await self.outlet.complete(order.turn_id, success, message, ending)
 
@@ -250,8 +248,12 @@ class AgentService:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def close(self) -> None:
+        """Release the provider's connections (after ``drain``)."""
+        await self.provider.close()
 
-def _remember(recent: OrderedDict[str, None], turn_id: str) -> None:
+
+def remember(recent: OrderedDict[str, None], turn_id: str) -> None:
     recent[turn_id] = None
     while len(recent) > REMEMBERED:
         recent.popitem(last=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import socketio
@@ -22,6 +23,7 @@ log = logging.getLogger("hangar.relay")
 
 DRONE_CALL_TIMEOUT = 10.0
 DRONES_COALESCE = 0.25
+LEFT_REMEMBERED = 1000
 
 
 class DroneDirectory:
@@ -42,6 +44,10 @@ class DroneDirectory:
         self.later = later
         self.local: dict[str, DroneRoute] = {}
         """Drones connected to this relay."""
+        self._waiting: dict[str, set[asyncio.Future[tuple[Any, ...]]]] = {}
+        """Answers awaited from drones connected here, by connection (sid)."""
+        self._left: OrderedDict[str, None] = OrderedDict()
+        """Connections here that closed (recent): a call to one fails at once."""
         self._drones_pending = False
 
     async def join(self, route: DroneRoute) -> None:
@@ -58,6 +64,12 @@ class DroneDirectory:
         replaced = current is not None and current.sid != route.sid
         if current is not None and not replaced:
             del self.local[route.drone_id]
+        self._left[route.sid] = None
+        while len(self._left) > LEFT_REMEMBERED:
+            self._left.popitem(last=False)
+        for answer in self._waiting.pop(route.sid, ()):
+            if not answer.done():  # it will never come: say so now, not at the timeout
+                answer.set_exception(socketio.exceptions.DisconnectedError())
         self.metrics.drones.set(len(self.local))
         await self.live.remove_drone(route.drone_id, route.sid)
         log.info("drone offline drone=%s", route.drone_id)
@@ -84,15 +96,38 @@ class DroneDirectory:
         """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
         no task per call, and straight to the socket when the drone is connected here.
 
-        Raises ``socketio.exceptions.TimeoutError`` after ``within`` seconds.
+        Raises ``socketio.exceptions.TimeoutError`` after ``within`` seconds, and
+        ``DisconnectedError`` as soon as a drone connected here leaves without answering.
         """
+        if route.sid in self._left:  # it closed since the route was read
+            raise socketio.exceptions.DisconnectedError()
         answered: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        local = self.local.get(route.drone_id)
+        here = local is not None and local.sid == route.sid
+        if here:
+            self._waiting.setdefault(route.sid, set()).add(answered)
+        try:
+            return await self._call(event, data, route, within, answered, here=here)
+        finally:
+            if here and (waiting := self._waiting.get(route.sid)) is not None:
+                waiting.discard(answered)
+                if not waiting:
+                    del self._waiting[route.sid]
 
+    async def _call(
+        self,
+        event: str,
+        data: Any,
+        route: DroneRoute,
+        within: float,
+        answered: asyncio.Future[tuple[Any, ...]],
+        *,
+        here: bool,
+    ) -> Any:
         def on_answer(*args: Any) -> None:
             if not answered.done():
                 answered.set_result(args)
 
-        local = self.local.get(route.drone_id)
         await self.sio.emit(
             event,
             data,
@@ -100,7 +135,7 @@ class DroneDirectory:
             namespace=DRONE_NAMESPACE,
             callback=on_answer,
             # Through the relays' message queue only when another relay holds the drone.
-            ignore_queue=local is not None and local.sid == route.sid,
+            ignore_queue=here,
         )
         try:
             async with asyncio.timeout(within):

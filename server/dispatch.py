@@ -41,6 +41,9 @@ from .store import Ending, TurnRecord, TurnStore
 log = logging.getLogger("hangar.relay")
 
 BUSY = "The drone is busy."
+LEFT = "The drone left before it accepted the work order."
+"""A drone whose connection closed while its order was on the way never ran it: back in line
+(should it have taken it after all, it is told to abort it when it reconnects)."""
 REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy this many times ends in error instead of waiting again."""
 COOLING = 1.0
@@ -164,7 +167,7 @@ class Dispatcher:
             self.endings.started(turn)
             return
         reason = _refusal(answer)
-        if reason == BUSY:
+        if reason in (BUSY, LEFT):
             await self._back_in_line(turn, reason)
             return
         refusal = reason or "The drone refused the work order."
@@ -181,9 +184,11 @@ class Dispatcher:
         try:
             return await self.directory.call(WORK_ORDER, order.wire(), route)
         except socketio.exceptions.TimeoutError:
+            if not await self.directory.present(route.drone_id):
+                return {"ok": False, "error": LEFT}
             return {"ok": False, "error": "The drone did not accept the work order in time."}
         except socketio.exceptions.SocketIOError:
-            return {"ok": False, "error": "The drone disconnected."}
+            return {"ok": False, "error": LEFT}
 
     async def _back_in_line(self, turn: TurnRecord, why: str) -> None:
         assert self.endings is not None and turn.drone_id is not None

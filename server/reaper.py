@@ -149,6 +149,8 @@ class Reaper:
             return  # the drone came back (maybe to another relay): it said what it still runs
         assert self.endings is not None
         turn = await self.store.get_turn(turn_id, messages=False)
+        if turn is None or turn.status != "processing" or turn.drone_id != drone_id:
+            return  # it went back in line (its order never reached the drone), or ended
         await self.endings.end_turn(turn_id, lost(turn, DRONE_LOST, self.endings.abort_asked_by))
 
     async def _sweep_forever(self) -> None:

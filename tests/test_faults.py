@@ -203,6 +203,32 @@ async def test_an_abort_while_the_drone_is_away_mid_tool_cancels_the_tool_call(
     await a_next_turn_works(browser, turn.session_id, openai_peer)
 
 
+async def test_a_work_order_whose_drone_dies_before_accepting_it_runs_on_another(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Start,
+    browser: Browser,
+) -> None:
+    """A drone killed while its work order is on the way never had it: the turn goes back in
+    line and runs on the next drone, instead of ending in error."""
+    first = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    first.send_signal(signal.SIGSTOP)
+    try:
+        openai_peer.script(Reply(chunks=["on ", "the second"]))
+        turn_id = (await browser.submit("Hello"))["turnId"]
+
+        async def claimed() -> bool:
+            return (await stored(relay.relay.store, turn_id)).status == "processing"
+
+        await eventually(claimed, timeout=10, what="the turn given to the frozen drone")
+    finally:
+        first.send_signal(signal.SIGKILL)
+    drone_process(Upstream("openai", openai_peer), server=relay.url, name="second")
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "on the second")
+    assert len(openai_peer.requests) == 1
+
+
 # ---- relays that stop, die and restart
 
 

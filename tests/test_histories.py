@@ -4,12 +4,16 @@ drone that lost it gets all of it again."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 import socketio
 
-from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS
-from tests.conftest import Browser, RelayHandle, drone_hello, eventually
+from bench.peers import OpenAIPeer, Reply
+from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS, ChatMessage
+from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 
 class RecordingDrone:
@@ -87,3 +91,61 @@ async def test_a_sessions_history_goes_once_then_only_what_the_drone_lacks(
         ]  # fmt: skip
     finally:
         await drone.sio.disconnect()
+
+
+async def test_a_drone_rebuilds_the_whole_conversation_from_what_it_kept(
+    relay: RelayHandle,
+    browser: Browser,
+    start_drone: Callable[..., Any],
+    openai_peer: OpenAIPeer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hangar.relay")
+    await start_drone(Upstream("openai", openai_peer))
+    openai_peer.script(Reply(chunks=["A1"]), Reply(chunks=["A2"]), Reply(chunks=["A3"]))
+    first = await browser.submit("Q1")
+    await browser.completion(first["turnId"])
+    for prompt in ("Q2", "Q3"):
+        ack = await browser.submit(prompt, sessionId=first["sessionId"])
+        await browser.completion(ack["turnId"])
+
+    # The model saw the whole conversation every time...
+    last = openai_peer.requests[-1].messages
+    assert [(m["role"], m["content"]) for m in last] == [
+        ("user", "Q1"), ("assistant", "A1"), ("user", "Q2"), ("assistant", "A2"), ("user", "Q3"),
+    ]  # fmt: skip
+    assert not [r for r in openai_peer.requests if r.rejected]
+    # ...while the relay sent the drone only the turns since its last order each time.
+    sent = [r.getMessage() for r in caplog.records if "work order sent" in r.getMessage()]
+    assert [line.split("history=")[1] for line in sent] == ["0 from 0", "2 from 0", "2 from 2"]
+
+
+async def test_a_history_bigger_than_a_websocket_message_reaches_the_drone(
+    relay: RelayHandle,
+    browser: Browser,
+    start_drone: Callable[..., Any],
+    openai_peer: OpenAIPeer,
+) -> None:
+    first = await browser.submit("Remember this")
+    await browser.abort(first["turnId"])  # still queued: no drone yet
+    turn = await relay.relay.store.get_turn(first["turnId"])
+    assert turn is not None
+    # Five answers of 1.2 MB each in the session before the next prompt: a 6 MB work order.
+    await relay.relay.store.execute(
+        "UPDATE turns SET status = 'processing' WHERE turn_id = ?", first["turnId"]
+    )
+    for number in range(5):
+        big = ChatMessage(role="assistant", content=f"{number}" * 1_200_000)
+        await relay.relay.store.add_message(first["turnId"], big, number)
+    await relay.relay.store.execute(
+        "UPDATE turns SET status = 'finished' WHERE turn_id = ?", first["turnId"]
+    )
+    drone = await start_drone(Upstream("openai", openai_peer))
+
+    ack = await browser.submit("And now?", sessionId=first["sessionId"])
+
+    # The drone took the order and called the model with it (the test's model service refuses
+    # a 6 MB request, 413, as a real one might): the drone kept its connection.
+    _, success, message = await browser.completion(ack["turnId"], timeout=30)
+    assert (success, "413" in message) == (False, True)
+    assert drone.drone_id in relay.relay.directory.local

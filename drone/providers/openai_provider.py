@@ -1,14 +1,14 @@
-"""``Provider`` over the official openai SDK (AsyncOpenAI, chat.completions stream)."""
+"""``Provider`` over the official openai SDK (AsyncOpenAI, the chat completions stream)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from typing import Any, cast
+from typing import Any
 
 import openai
 from openai import AsyncStream
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hangar.shared.protocol import ChatMessage
 
@@ -49,18 +49,27 @@ class OpenAIProvider:
     ) -> AsyncGenerator[ChatEvent, None]:
         signal = options.signal
         signal.throw_if_aborted()
-        extra: dict[str, Any] = {"stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": options.model,
+            "messages": [_message(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if tools:
-            extra["tools"] = [t.function() for t in tools]
+            body["tools"] = [t.function() for t in tools]
         try:
             # The caller's abort scope interrupts the request and its retries before the headers.
-            response = await self.client.chat.completions.create(
-                model=options.model,
-                messages=[_message(m) for m in messages],  # type: ignore[misc]
+            # The body is already the API's JSON: posted as it is, without the SDK's typed
+            # transform of ``chat.completions.create`` (which walks every value of every message
+            # against the parameter types: ~0.3 s of the loop for 2,000 messages). The SDK still
+            # sends it, retries, and parses the stream.
+            stream = await self.client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=ChatCompletion,
                 stream=True,
-                **extra,
+                stream_cls=AsyncStream[ChatCompletionChunk],
             )
-            stream = cast(AsyncStream[ChatCompletionChunk], response)
         except openai.APIError as error:
             raise ProviderError(_describe(error)) from error
         # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.

@@ -1,0 +1,376 @@
+"""The drone's worker processes: work orders run there, so the drone's own loop stays light.
+
+The drone's process keeps what the relay talks to (the connection, deliveries, acks, the
+engine.io heartbeat) and answers for the work orders (``WorkOrders``: accept, abort, decide,
+waiting calls, what runs). The model streams, their SDKs and the tools run in a few worker
+processes (``worker_process``), started with the drone and at a lower CPU priority: however
+busy they are, an abort is acknowledged at once and the heartbeat is never late.
+
+Each worker's progress comes back through the same ``TurnReport`` and deliveries as in a
+single-process drone, so the relay sees the same events. A worker that dies ends its work
+orders in error ("The drone's worker stopped.") and another takes its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from hangar.shared.abort import AbortSignal
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    NO_ACTIVE_WORK_ORDER,
+    NO_SUCH_CALL,
+    STOP_AFTER_STEP,
+    ChatMessage,
+    Ending,
+    ToolCall,
+    WorkOrder,
+)
+
+from .pipes import FrameError, frame, frame_bytes, read_frame
+from .service import remember
+
+log = logging.getLogger("hangar.drone")
+
+WORKER_STOPPED = "The drone's worker stopped."
+START_WITHIN = 60.0
+"""Seconds the workers may take to start (Python and the model SDKs load in each)."""
+EXIT_WITHIN = 5.0
+"""Seconds a worker may take to exit once the drone closed its pipe, before it is killed."""
+RESTART_PAUSES = (0.0, 1.0, 2.0, 5.0)
+"""Seconds before a dead worker is replaced: longer while replacements keep dying young."""
+YOUNG = 10.0
+READ_LIMIT = 1 << 20
+
+
+class WorkerStartError(Exception):
+    """A worker process could not start (the message says how it ended)."""
+
+
+class Progress(Protocol):
+    """A turn's report in the drone (``report.TurnReport``)."""
+
+    async def text(self, text: str, depth: int, chunks: int = 1) -> None: ...
+
+    async def message(self, message: ChatMessage) -> None: ...
+
+    async def tool(
+        self, call: ToolCall, state: str, depth: int, result: str | None = None
+    ) -> None: ...
+
+
+class Outlet(Protocol):
+    """The drone's connection, as the pool needs it."""
+
+    def report_for(self, turn_id: str) -> Progress: ...
+
+    async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None: ...
+
+
+class WorkerProcess:
+    """One worker: its process, what is sent to it before it exists, whether it is up."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.process: asyncio.subprocess.Process | None = None
+        self.backlog: list[bytes] = []
+        """Frames for a worker being (re)started."""
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+
+    async def start(self, settings: bytes) -> asyncio.subprocess.Process:
+        self.ready.clear()
+        self.exited.clear()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "hangar.drone.worker_process",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=READ_LIMIT,
+        )
+        self.process = process
+        self.send(settings)
+        backlog, self.backlog = self.backlog, []
+        for data in backlog:
+            self.send(data)
+        return process
+
+    def send(self, data: bytes) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            self.backlog.append(data)
+            return
+        assert process.stdin is not None
+        if not process.stdin.is_closing():
+            process.stdin.write(data)
+
+    def close(self) -> None:
+        """Close the pipe to the worker: it aborts what it still runs and exits."""
+        process = self.process
+        if process is not None and process.stdin is not None and not process.stdin.is_closing():
+            process.stdin.close()
+
+    @property
+    def name(self) -> str:
+        pid = self.process.pid if self.process is not None else "-"
+        return f"worker {self.number} (pid {pid})"
+
+
+@dataclass
+class Assigned:
+    """A work order in a worker."""
+
+    worker: WorkerProcess
+    report: Progress
+    aborted: bool = False
+    """An immediate abort was asked: its slot is free."""
+    waiting: dict[str, tuple[ToolCall, int]] = field(default_factory=dict)
+    """Its tool calls waiting for a person: call id -> (call, depth)."""
+
+
+class WorkerPool:
+    """``connection.WorkOrders`` over worker processes."""
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        outlet: Outlet,
+        *,
+        root: AbortSignal,
+        workers: int,
+        concurrency: int,
+    ) -> None:
+        self.settings = frame(settings)
+        self.outlet = outlet
+        self.root = root
+        self.concurrency = concurrency
+        self.workers = [WorkerProcess(n) for n in range(max(1, min(workers, concurrency)))]
+        self.running: dict[str, Assigned] = {}
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        self.aborted_early: OrderedDict[str, None] = OrderedDict()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._lives: list[asyncio.Task[None]] = []
+        self._unsubscribe = root.add_callback(self._stop)
+
+    async def start(self, within: float = START_WITHIN) -> None:
+        """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
+        first (or none is ready in time)."""
+        self._lives = [asyncio.ensure_future(self._live(w)) for w in self.workers]
+        for worker in self.workers:
+            up = asyncio.ensure_future(worker.ready.wait())
+            down = asyncio.ensure_future(worker.exited.wait())
+            try:
+                await asyncio.wait((up, down), timeout=within, return_when="FIRST_COMPLETED")
+            finally:
+                up.cancel()
+                down.cancel()
+            if not worker.ready.is_set():
+                process = worker.process
+                code = process.returncode if process is not None else None
+                await self.close()
+                said = f"it exited with code {code}" if code is not None else "it did not answer"
+                raise WorkerStartError(f"A worker process could not start: {said}.")
+
+    # ---- WorkOrders
+
+    def accept(self, order: WorkOrder) -> dict[str, Any]:
+        turn_id = order.turn_id
+        if turn_id in self.running:
+            return {"ok": True}
+        if self.root.aborted or self._closing:
+            return {"ok": False, "error": "The drone is stopping."}
+        if sum(not a.aborted for a in self.running.values()) >= self.concurrency:
+            return {"ok": False, "error": "The drone is busy."}
+        worker = self._pick()
+        early = turn_id in self.aborted_early
+        if early:
+            del self.aborted_early[turn_id]
+        self.running[turn_id] = Assigned(worker, self.outlet.report_for(turn_id), aborted=early)
+        self._idle.clear()
+        # Serialised by pydantic-core: a long history costs the drone's loop a millisecond or two.
+        data = order.model_dump_json(by_alias=True, exclude_none=True).encode()
+        worker.send(frame_bytes(b'["order",' + data + (b",true]" if early else b",false]")))
+        return {"ok": True}
+
+    def abort(self, turn_id: str, mode: Literal["now", "after_step"] = "now") -> tuple[bool, str]:
+        """Answered here, at once; the worker closes the model's stream from its own thread."""
+        assigned = self.running.get(turn_id)
+        if assigned is None:
+            if turn_id in self.ended or mode != "now":
+                return False, NO_ACTIVE_WORK_ORDER
+            remember(self.aborted_early, turn_id)  # its work order is still on its way
+            return True, ABORT_SIGNALED
+        assigned.worker.send(frame(["abort", turn_id, mode]))
+        if mode == "after_step":
+            return True, STOP_AFTER_STEP
+        assigned.aborted = True
+        return True, ABORT_SIGNALED
+
+    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+        assigned = self.running.get(turn_id)
+        if assigned is None or assigned.waiting.pop(call_id, None) is None:
+            return NO_SUCH_CALL
+        assigned.worker.send(frame(["decide", turn_id, call_id, approve, always]))
+        return None
+
+    def waiting_calls(self) -> list[tuple[str, ToolCall, int]]:
+        return [
+            (turn_id, call, depth)
+            for turn_id, assigned in self.running.items()
+            for call, depth in assigned.waiting.values()
+        ]
+
+    def running_ids(self) -> list[str]:
+        return list(self.running)
+
+    async def drain(self) -> None:
+        """Wait for every running work order to end (after the root was aborted, say)."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Close every worker's pipe, wait for them to exit (killing the late), and stop."""
+        self._closing = True
+        self._unsubscribe()
+        for worker in self.workers:
+            worker.close()
+        for worker in self.workers:
+            process = worker.process
+            if process is None:
+                continue
+            try:
+                async with asyncio.timeout(EXIT_WITHIN):
+                    await process.wait()
+            except TimeoutError:
+                log.warning("%s did not exit; killed", worker.name)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+        for life in self._lives:
+            life.cancel()
+        await asyncio.gather(*self._lives, return_exceptions=True)
+
+    # ---- the workers
+
+    def _pick(self) -> WorkerProcess:
+        load = dict.fromkeys(self.workers, 0)
+        for assigned in self.running.values():
+            load[assigned.worker] += not assigned.aborted
+        return min(self.workers, key=lambda w: (not w.ready.is_set(), load[w], w.number))
+
+    def _stop(self) -> None:
+        reason = self.root.reason
+        assert reason is not None
+        for worker in self.workers:
+            worker.send(frame(["stop", str(reason), reason.cause]))
+
+    async def _live(self, worker: WorkerProcess) -> None:
+        """Run ``worker``, and a new one each time it dies, until the pool closes."""
+        loop = asyncio.get_running_loop()
+        deaths = 0
+        while True:
+            born = loop.time()
+            code = await self._run(worker)
+            worker.ready.clear()  # new work orders go to the others while it is replaced
+            worker.exited.set()
+            lost = [t for t, a in self.running.items() if a.worker is worker]
+            worker.backlog.clear()  # what it was sent is for the work orders it lost
+            if not self._closing or lost:
+                log.warning(
+                    "%s stopped (%s); %d work orders end in error",
+                    worker.name,
+                    "could not start" if code is None else f"exit code {code}",
+                    len(lost),
+                )
+            for turn_id in lost:
+                await self._end(turn_id, False, WORKER_STOPPED, Ending(reason="drone_failed"))
+            if self._closing or self.root.aborted:
+                return  # the drone is stopping: no new work order will come
+            deaths = deaths + 1 if loop.time() - born < YOUNG else 0
+            await asyncio.sleep(RESTART_PAUSES[min(deaths, len(RESTART_PAUSES) - 1)])
+
+    async def _run(self, worker: WorkerProcess) -> int | None:
+        """Start ``worker``'s process and take its events until it ends; its exit code (None
+        if it could not start)."""
+        try:
+            process = await worker.start(self.settings)
+        except OSError as error:
+            log.error("a worker process cannot start: %s", error)
+            return None
+        assert process.stdout is not None
+        try:
+            await self._read(worker, process.stdout)
+        except FrameError as error:
+            log.error("%s wrote something else than frames (%s): stopped", worker.name, error)
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        return await process.wait()
+
+    async def _read(self, worker: WorkerProcess, stdout: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                events = await read_frame(stdout)
+            except EOFError:
+                return
+            for event in events:
+                await self._take(worker, event)
+
+    async def _take(self, worker: WorkerProcess, event: list[Any]) -> None:
+        kind = event[0]
+        if kind == "log":
+            _relog(event)
+            return
+        if kind == "ready":
+            worker.ready.set()
+            return
+        turn_id = event[1]
+        assigned = self.running.get(turn_id)
+        if assigned is None or assigned.worker is not worker:
+            return  # ended meanwhile
+        if kind == "text":
+            await assigned.report.text(event[3], event[2], event[4])
+        elif kind == "message":
+            await assigned.report.message(ChatMessage.model_validate(event[2]))
+        elif kind == "tool":
+            call, state, depth = ToolCall.model_validate(event[2]), event[3], event[4]
+            if state == "waiting":
+                assigned.waiting[call.id] = (call, depth)
+            else:
+                assigned.waiting.pop(call.id, None)
+            await assigned.report.tool(call, state, depth, event[5])
+        elif kind == "complete":
+            await self._end(turn_id, event[2], event[3], Ending.model_validate(event[4]))
+
+    async def _end(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
+        if self.running.pop(turn_id, None) is None:
+            return
+        remember(self.ended, turn_id)
+        try:
+            await self.outlet.complete(turn_id, success, message, ending)
+        finally:
+            if not self.running:
+                self._idle.set()
+
+
+def _relog(event: list[Any]) -> None:
+    """A worker's log record, logged here as if it were the drone's own."""
+    _, name, level, message, trace, created = event
+    record = logging.makeLogRecord(
+        {
+            "name": name,
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": message,
+            "exc_text": trace,
+            "created": created,
+            "msecs": (created - int(created)) * 1000,
+        }
+    )
+    logging.getLogger(name).handle(record)

@@ -1,0 +1,347 @@
+"""A drone whose work orders run in worker processes: it behaves as a single-process drone does,
+and its acks and aborts never wait behind the streams, however busy the workers are.
+
+The bounds below are the behaviour: a single-process drone whose loop parses a flood of chunks
+misses them (its loop answers between two reads of the flood, 100 ms and more apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.pool import WORKER_STOPPED
+from hangar.drone.tools.policy import ToolPolicy
+from hangar.server.store import Ending, SessionRecord, TurnRecord
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    ABORTED,
+    STOP_AFTER_STEP,
+    TOOL_CANCELLED,
+    ChatMessage,
+)
+from tests.conftest import HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+
+Start = Callable[..., Any]
+
+SLOW = Reply(chunks=[f"word{i} " for i in range(400)], delay=0.03)
+FLOOD = Reply(chunks=["x"] * 200_000)
+"""As fast as the drone reads: its SDK parses chunks with all the CPU it gets."""
+FLOODS = 3
+ACK_WITHIN = 0.1
+"""Seconds from a browser's abort to its ack, through the relay, while the workers are busy."""
+CLOSED_WITHIN = 0.04
+"""Seconds from a browser's abort to the model service seeing its stream closed."""
+
+
+def worker_pids(parent: int | None = None) -> list[int]:
+    """The worker processes of the drone process ``parent`` (default: this test process, where
+    the drones of ``start_drone`` run)."""
+    parent = parent or os.getpid()
+    found = []
+    for task in os.listdir(f"/proc/{parent}/task"):
+        for pid in Path(f"/proc/{parent}/task/{task}/children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"hangar.drone.worker_process" in cmdline:
+                found.append(int(pid))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_a_work_order_in_a_worker_streams_to_completion(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["The ", "answer ", "is ", "42."], delay=0.01))
+    await start_drone(upstream, workers=1)
+
+    turn_id = (await browser.submit("What is the answer?"))["turnId"]
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "The answer is 42.")
+    assert browser.text(turn_id) == "The answer is 42."
+    turn = await relay.relay.store.get_turn(turn_id)
+    assert turn is not None and [m.role for m in turn.messages] == ["user", "assistant"]
+
+
+async def test_a_killed_worker_ends_its_turns_in_error_and_a_new_one_takes_its_place(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    upstream.peer.script(SLOW, SLOW)
+    drone = await start_drone(upstream, workers=1, concurrency=2)
+    turns = [(await browser.submit(f"Stream {n}"))["turnId"] for n in range(2)]
+    for turn_id in turns:
+        await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (killed,) = worker_pids()
+
+    os.kill(killed, signal.SIGKILL)
+
+    for turn_id in turns:
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, False, WORKER_STOPPED)
+        assert (await browser.ending(turn_id))["reason"] == "drone_failed"
+    assert drone.drone_id in relay.relay.directory.local, "the drone stayed connected"
+    upstream.peer.script(Reply(chunks=["still ", "here"]))
+    turn_id = (await browser.submit("Again"))["turnId"]
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "still here")
+    assert worker_pids() not in ([], [killed])
+
+
+async def test_ctrl_c_aborts_the_turns_in_workers_and_the_drone_exits(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    upstream.peer.script(SLOW, SLOW)
+    drone = await start_drone(upstream, workers=2, concurrency=2)
+    turns = [(await browser.submit(f"Stream {n}"))["turnId"] for n in range(2)]
+    for turn_id in turns:
+        await browser.wait_text(turn_id, pieces=2, timeout=20)
+    assert len(worker_pids()) == 2
+
+    drone.stop()
+
+    for turn_id in turns:
+        assert await browser.completion(turn_id) == (turn_id, True, ABORTED)
+        assert (await browser.ending(turn_id))["reason"] == "operator"
+    assert await asyncio.wait_for(drone.task, 10) == 0
+    assert worker_pids() == []
+    for index in range(2):
+        await upstream.peer.wait_for_disconnect(index=index)
+
+
+async def test_a_drone_killed_takes_its_workers_and_their_streams_with_it(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    openai_peer.script(SLOW)
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+    turn_id = (await browser.submit("Stream for a while"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids(drone.pid)
+
+    drone.kill()
+
+    await openai_peer.wait_for_disconnect()
+    await eventually(lambda: not alive(worker), 5, "the worker to end")
+
+
+@pytest.mark.parametrize("relay_ping", [(5.0, 10.0)])  # the frozen drone stays connected
+async def test_a_drone_that_falls_behind_holds_its_workers_back_and_loses_nothing(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    chunks = [f"{n:07d}" + "x" * 1017 for n in range(100_000)]  # 100 MB, 1 kB a chunk
+    openai_peer.script(Reply(chunks=chunks))
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+    turn_id = (await browser.submit("Flood"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+
+    drone.send_signal(signal.SIGSTOP)  # the drone reads nothing of its worker now
+    try:
+        held = await eventually(Stalled(openai_peer), 8, "the stream to be held back")
+    finally:
+        drone.send_signal(signal.SIGCONT)
+
+    assert held < len(chunks) // 4, "its worker stopped reading the model's stream"
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, ABORTED)
+    text = browser.text(turn_id)
+    assert len(text) > 2 * 1024 and text == "".join(chunks)[: len(text)], "nothing was lost"
+
+
+class Stalled:
+    """The chunks a peer sent, once that count stopped growing (the same for half a second)."""
+
+    def __init__(self, peer: OpenAIPeer) -> None:
+        self.peer = peer
+        self.count = -1
+        self.since = 0.0
+
+    def __call__(self) -> int | None:
+        now = time.monotonic()
+        if self.peer.chunks_sent != self.count:
+            self.count, self.since = self.peer.chunks_sent, now
+            return None
+        return self.count if now - self.since >= 0.5 else None
+
+
+async def test_a_tool_call_in_a_worker_waits_for_approval_then_runs(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    command = ScriptedToolCall("run_shell", {"command": "echo approved > out.txt"})
+    openai_peer.script(Reply(chunks=[], tool_calls=[command]), Reply(chunks=["Done."]))
+    await start_drone(
+        Upstream("openai", openai_peer), workers=1, tools=ToolPolicy.parse("run_shell=ask")
+    )
+    turn_id = (await browser.submit("Write the file"))["turnId"]
+    call = await eventually(
+        lambda: [p for p in browser.progress(turn_id, "tool") if p["state"] == "waiting"],
+        timeout=20,
+        what="a call waiting for approval",
+    )
+    assert not (tmp_path / "out.txt").exists()
+
+    answer = {"turnId": turn_id, "callId": call[0]["callId"], "approve": True}
+    assert await browser.call("approveToolCall", answer) == {"ok": True}
+
+    assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "Done.")
+    assert (tmp_path / "out.txt").read_text() == "approved\n"
+    assert [p["state"] for p in browser.progress(turn_id, "tool")] == ["waiting", "start", "end"]
+
+
+async def test_stop_after_this_step_in_a_worker_lets_the_tool_finish_then_ends_aborted(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Start, browser: Browser
+) -> None:
+    steps = [
+        ScriptedToolCall("run_shell", {"command": "sleep 1; echo finished its step"}),
+        ScriptedToolCall("run_shell", {"command": "echo never run"}),
+    ]
+    openai_peer.script(Reply(chunks=[], tool_calls=steps), Reply(chunks=["never asked"]))
+    await start_drone(Upstream("openai", openai_peer), workers=1)
+    turn_id = (await browser.submit("Do two things"))["turnId"]
+    await eventually(lambda: browser.progress(turn_id, "tool"), 20, "the first tool")
+
+    gentle = await browser.call("abortWorkOrder", {"turnId": turn_id, "mode": "after_step"})
+
+    assert gentle == (True, STOP_AFTER_STEP)
+    assert await browser.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
+    turn = await relay.relay.store.get_turn(turn_id)
+    assert turn is not None
+    assert [(m.role, m.content.strip()) for m in turn.messages[2:]] == [
+        ("tool", "exit code 0\nfinished its step"),
+        ("tool", TOOL_CANCELLED),
+    ]
+    assert len(openai_peer.requests) == 1, "no model call after the step"
+
+
+async def abort_timed(browser: Browser, turn_id: str) -> tuple[float, float]:
+    """Abort ``turn_id``: (when it was asked, seconds until the ack), monotonic."""
+    asked = time.monotonic()
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    return asked, time.monotonic() - asked
+
+
+async def test_an_abort_closes_the_model_stream_at_once_while_the_worker_is_saturated(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Start, browsers: Start
+) -> None:
+    openai_peer.script(*[FLOOD] * FLOODS, SLOW)
+    await start_drone(Upstream("openai", openai_peer), workers=1, concurrency=FLOODS + 1)
+    await flood(browsers, FLOODS)
+    person = await browsers()
+    turn_id = (await person.submit("Stream slowly"))["turnId"]
+    await person.wait_text(turn_id, pieces=3, timeout=20)
+
+    asked, _ = await abort_timed(person, turn_id)
+
+    closed = await openai_peer.wait_for_disconnect(index=FLOODS)
+    assert closed - asked < CLOSED_WITHIN, f"closed {(closed - asked) * 1000:.0f} ms after"
+    assert await person.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
+    assert all(r.ended is None for r in openai_peer.requests[:FLOODS]), "the floods stream on"
+
+
+async def flood(browsers: Start, count: int) -> None:
+    """Start ``count`` floods, each of its own person, and wait until each streams."""
+    for _ in range(count):
+        flooding = await browsers()
+        await flooding.wait_text((await flooding.submit("Flood"))["turnId"], pieces=2, timeout=20)
+
+
+async def test_the_drone_acks_an_abort_at_once_while_every_worker_is_saturated(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Start, browsers: Start
+) -> None:
+    openai_peer.script(*[FLOOD] * FLOODS, SLOW)
+    await start_drone(Upstream("openai", openai_peer), workers=2, concurrency=FLOODS + 1)
+    await flood(browsers, FLOODS)
+    person = await browsers()
+    turn_id = (await person.submit("Stream slowly"))["turnId"]
+    await person.wait_text(turn_id, pieces=3, timeout=20)
+
+    _, acked = await abort_timed(person, turn_id)
+
+    assert acked < ACK_WITHIN, f"acked after {acked * 1000:.0f} ms"
+    assert await person.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
+
+
+async def long_session(relay: RelayHandle, person: str, turns: int) -> str:
+    """A session of ``person`` whose history holds ``turns`` finished turns."""
+    user = await relay.relay.accounts.user(person)
+    assert user is not None
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_long", user.user_id, "A long one"))
+    history = []
+    for number in range(turns):
+        history.append(ChatMessage(role="user", content=f"question {number}"))
+        history.append(ChatMessage(role="assistant", content=f"answer {number} " + "y" * 60))
+    turn = TurnRecord("t_long", "s_long", user.user_id, "question 0", messages=history)
+    await store.create_turn(turn)
+    await store.end_turn("t_long", Ending("finished", "done", "finished", "done"))
+    return "s_long"
+
+
+async def test_a_long_history_in_one_order_does_not_delay_another_orders_abort_ack(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browsers: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "hangar.drone")
+    openai_peer.script(SLOW, Reply(chunks=["ok"]))
+    await start_drone(Upstream("openai", openai_peer), workers=1, concurrency=2)
+    person, long_one = await browsers(), await browsers("historian")
+    turn_id = (await person.submit("Stream slowly"))["turnId"]
+    await person.wait_text(turn_id, pieces=3, timeout=20)
+    session_id = await long_session(relay, "historian", 1000)
+    long_turn = (await long_one.submit("And now?", sessionId=session_id))["turnId"]
+    accepted = f"work order turn={long_turn} accepted=True"
+    await eventually(lambda: accepted in caplog.text, 10, "the drone to accept the long order")
+
+    asked, acked = await abort_timed(person, turn_id)
+
+    assert acked < ACK_WITHIN, f"acked after {acked * 1000:.0f} ms"
+    assert await long_one.completion(long_turn, timeout=20) == (long_turn, True, "ok")
+    request = openai_peer.requests[1]
+    assert len(request.messages) == 2001
+    assert request.started > asked + acked, "the ack did not wait for the order's request"
+
+
+def test_a_drone_refuses_a_worker_count_that_is_not_one(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*HANGAR, "drone", "--token", "x", "--workers", "many"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--workers: expected auto or a whole number from 0 to 1024, got 'many'.")
+    )
