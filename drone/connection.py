@@ -39,7 +39,7 @@ from hangar.shared.protocol import (
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
 from .histories import HistoryKeeper
-from .report import TurnReport
+from .report import TurnReport, text_window
 
 log = logging.getLogger("hangar.drone")
 
@@ -59,7 +59,10 @@ class WorkOrders(Protocol):
     """What the connection hands the relay's orders to: the agent service, or the worker pool
     that runs it in worker processes. Each answers at once, without waiting for the work."""
 
-    def accept(self, order: WorkOrder) -> dict[str, Any]: ...
+    def accept(self, order: WorkOrder, sent: WorkOrder | None = None) -> dict[str, Any]:
+        """Take ``order`` (its whole history); ``sent`` is the order as the relay sent it (with
+        ``history_base``, only the part of the history this drone lacked)."""
+        ...
 
     def abort(
         self, turn_id: str, mode: Literal["now", "after_step"] = "now"
@@ -123,7 +126,7 @@ class RelayConnection:
             if order is None:
                 log.info("work order turn=%s: its history is not kept here", sent.turn_id)
                 return {"ok": False, "error": HISTORY_MISS}
-            answer = orders.accept(order)
+            answer = orders.accept(order, sent)
             if answer["ok"]:
                 self.histories.keep(order)
             log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
@@ -157,6 +160,9 @@ class RelayConnection:
     def report_for(self, turn_id: str) -> TurnReport:
         report = self.reports[turn_id] = TurnReport(self, turn_id)
         return report
+
+    def text_window(self) -> float:
+        return text_window(len(self.reports))
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in a task the connection keeps until it is done."""

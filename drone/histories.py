@@ -3,6 +3,9 @@ this drone lacks (``WorkOrder.history_base``, ``history_from``; docs/protocol.md
 
 Bounded by sessions and by characters: the least recently used are forgotten first, and an
 order whose base was forgotten is answered ``HISTORY_MISS`` (the relay then sends it whole).
+
+The drone's process keeps one, to answer the relay; each worker process keeps one too, for the
+sessions whose orders it ran, so the drone sends a worker only what it lacks as well (``pool``).
 """
 
 from __future__ import annotations
@@ -45,3 +48,9 @@ class HistoryKeeper:
         while self._kept and (len(self._kept) > self.max_sessions or self._chars > self.max_chars):
             _, (_, _, dropped) = self._kept.popitem(last=False)
             self._chars -= dropped
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session's history (another process of the drone keeps it now)."""
+        kept = self._kept.pop(session_id, None)
+        if kept is not None:
+            self._chars -= kept[2]

@@ -148,6 +148,23 @@ class _ShippedLogs(logging.Handler):
             self.handleError(record)
 
 
+def relog(event: list[Any]) -> None:
+    """In the drone: a worker's log record (``_ShippedLogs``), logged as if it were its own."""
+    _, name, level, message, trace, created = event
+    record = logging.makeLogRecord(
+        {
+            "name": name,
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": message,
+            "exc_text": trace,
+            "created": created,
+            "msecs": (created - int(created)) * 1000,
+        }
+    )
+    logging.getLogger(name).handle(record)
+
+
 class PipeReport:
     """``agent.Report`` of one turn, to the drone through the outbox."""
 

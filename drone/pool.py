@@ -33,6 +33,8 @@ from hangar.shared.protocol import (
     WorkOrder,
 )
 
+from .histories import MAX_SESSIONS
+from .outbox import relog
 from .pipes import FrameError, frame, frame_bytes, read_frame
 from .service import remember
 
@@ -155,6 +157,8 @@ class WorkerPool:
         self.running: dict[str, Assigned] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
         self.aborted_early: OrderedDict[str, None] = OrderedDict()
+        self._held: OrderedDict[str, tuple[WorkerProcess, str]] = OrderedDict()
+        """session -> the worker keeping its history, and the turn whose order that was."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
@@ -182,7 +186,7 @@ class WorkerPool:
 
     # ---- WorkOrders
 
-    def accept(self, order: WorkOrder) -> dict[str, Any]:
+    def accept(self, order: WorkOrder, sent: WorkOrder | None = None) -> dict[str, Any]:
         turn_id = order.turn_id
         if turn_id in self.running:
             return {"ok": True}
@@ -190,14 +194,20 @@ class WorkerPool:
             return {"ok": False, "error": "The drone is stopping."}
         if sum(not a.aborted for a in self.running.values()) >= self.concurrency:
             return {"ok": False, "error": "The drone is busy."}
-        worker = self._pick()
+        worker, part = self._place(order, sent)
         early = turn_id in self.aborted_early
         if early:
             del self.aborted_early[turn_id]
         self.running[turn_id] = Assigned(worker, self.outlet.report_for(turn_id), aborted=early)
         self._idle.clear()
-        # Serialised by pydantic-core: a long history costs the drone's loop a millisecond or two.
-        data = order.model_dump_json(by_alias=True, exclude_none=True).encode()
+        data = part.model_dump_json(by_alias=True, exclude_none=True).encode()
+        log.debug(
+            "work order turn=%s to %s: %d of its %d history messages sent",
+            turn_id,
+            worker.name,
+            len(part.history),
+            len(order.history),
+        )
         worker.send(frame_bytes(b'["order",' + data + (b",true]" if early else b",false]")))
         return {"ok": True}
 
@@ -259,6 +269,28 @@ class WorkerPool:
 
     # ---- the workers
 
+    def _place(self, order: WorkOrder, sent: WorkOrder | None) -> tuple[WorkerProcess, WorkOrder]:
+        """The worker for ``order``, and what to send it: only the relay's part of the history
+        when that worker keeps the rest (it ran the session's previous order here), else all."""
+        session = order.session_id
+        held = self._held.pop(session, None)
+        if (
+            held is not None
+            and sent is not None
+            and held[1] == sent.history_base
+            and held[0].ready.is_set()
+        ):
+            worker, part = held[0], sent
+        else:
+            worker, part = self._pick(), order
+            if held is not None and held[0] is not worker:
+                held[0].send(frame(["forget", session]))
+        self._held[session] = (worker, order.turn_id)
+        while len(self._held) > MAX_SESSIONS:
+            dropped, (keeper, _) = self._held.popitem(last=False)
+            keeper.send(frame(["forget", dropped]))
+        return worker, part
+
     def _pick(self) -> WorkerProcess:
         load = dict.fromkeys(self.workers, 0)
         for assigned in self.running.values():
@@ -282,6 +314,8 @@ class WorkerPool:
             worker.exited.set()
             lost = [t for t, a in self.running.items() if a.worker is worker]
             worker.backlog.clear()  # what it was sent is for the work orders it lost
+            for session in [s for s, (w, _) in self._held.items() if w is worker]:
+                del self._held[session]  # its histories died with it
             if not self._closing or lost:
                 log.warning(
                     "%s stopped (%s); %d work orders end in error",
@@ -325,7 +359,7 @@ class WorkerPool:
     async def _take(self, worker: WorkerProcess, event: list[Any]) -> None:
         kind = event[0]
         if kind == "log":
-            _relog(event)
+            relog(event)
             return
         if kind == "ready":
             worker.ready.set()
@@ -357,20 +391,3 @@ class WorkerPool:
         finally:
             if not self.running:
                 self._idle.set()
-
-
-def _relog(event: list[Any]) -> None:
-    """A worker's log record, logged here as if it were the drone's own."""
-    _, name, level, message, trace, created = event
-    record = logging.makeLogRecord(
-        {
-            "name": name,
-            "levelno": level,
-            "levelname": logging.getLevelName(level),
-            "msg": message,
-            "exc_text": trace,
-            "created": created,
-            "msecs": (created - int(created)) * 1000,
-        }
-    )
-    logging.getLogger(name).handle(record)

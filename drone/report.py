@@ -18,14 +18,26 @@ from hangar.shared.protocol import (
 TEXT_BATCH = 0.025
 """Text arriving within this many seconds of the last text sent goes out as one delta."""
 TEXT_BATCH_CHARS = 65_536
+TEXT_EVENTS_PER_SECOND = 400
+"""Text deltas a drone sends at most per second across its turns: with many turns streaming at
+once, each turn's window widens beyond ``TEXT_BATCH``, so a drone that runs 50 streams sends
+their text in fewer, larger deltas instead of flooding the relay and the browsers."""
 RESEND_CHARS = 500_000
 """A turn's text sent again after a reconnect goes in pieces of at most this many characters."""
+
+
+def text_window(turns: int) -> float:
+    """How long a turn's text may be held back while ``turns`` turns run on the drone."""
+    return max(TEXT_BATCH, turns / TEXT_EVENTS_PER_SECOND)
 
 
 class Sender(Protocol):
     """What a report needs of the drone's connection."""
 
     chunks_streamed: int
+
+    def text_window(self) -> float:
+        """Seconds a turn's text may be held back (``text_window`` of the turns it runs)."""
 
     async def post(self, event: str, data: Any) -> None:
         """Send if connected (display only: dropped otherwise)."""
@@ -40,7 +52,8 @@ class TurnReport:
     """``Report`` for one turn (see ``agent.Report``).
 
     Text is coalesced: a chunk after a quiet ``TEXT_BATCH`` goes out at once, chunks arriving
-    faster than that go out together at most ``TEXT_BATCH`` later. A person sees no difference;
+    faster than that go out together at most ``TEXT_BATCH`` later (longer while the drone runs
+    more than 10 turns: ``text_window``, 125 ms at 50 turns). A person sees no difference;
     the relay, the browsers and the drone's own connection (where an abort's ack queues behind
     what is already sent) handle several times fewer events from a fast model. Any other event of
     the turn, and its completion, first sends the text held back, so the order stays as produced.
@@ -72,7 +85,7 @@ class TurnReport:
         self._held_chars += len(text)
         self._held_depth = depth
         loop = asyncio.get_running_loop()
-        wait = self._last_sent + TEXT_BATCH - loop.time()
+        wait = self._last_sent + self.sender.text_window() - loop.time()
         if wait <= 0 or self._held_chars >= TEXT_BATCH_CHARS:
             await self.flush()
         elif self._timer is None:

@@ -120,8 +120,9 @@ class AgentService:
         self.aborted_early: OrderedDict[str, None] = OrderedDict()
         """Turns aborted before their work order arrived."""
 
-    def accept(self, order: WorkOrder) -> dict[str, Any]:
-        """Take a work order (or refuse it, busy); its controller exists from this moment on."""
+    def accept(self, order: WorkOrder, sent: WorkOrder | None = None) -> dict[str, Any]:
+        """Take a work order (or refuse it, busy); its controller exists from this moment on.
+        ``order`` has its whole history (``sent``, the relay's part of it, is not needed here)."""
         if order.turn_id in self.running:
             return {"ok": True}
         if self.root.aborted:

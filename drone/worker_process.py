@@ -1,7 +1,8 @@
 """A drone's worker process: runs work orders with ``AgentService`` on an event loop of its own.
 
 The drone (``pool.WorkerPool``) starts it as ``python -m hangar.drone.worker_process``, writes
-its settings as the first frame on its stdin and then orders, aborts, approvals and ``stop``;
+its settings as the first frame on its stdin and then orders (with only the part of their
+history this worker does not keep), aborts, approvals, ``forget`` and ``stop``;
 the worker writes progress, completions and its log records to its stdout (``outbox``). Its
 event loop runs at a lower CPU priority than the drone's, so the drone's connection, acks and
 heartbeats win the CPU when the cores are busy.
@@ -32,6 +33,7 @@ from hangar.shared.cli import configure_logging
 from hangar.shared.protocol import Ending, WorkOrder
 
 from .config import DroneConfig, make_provider
+from .histories import HistoryKeeper
 from .outbox import Outbox, PipeOutlet
 from .pipes import FrameError, read_frame_blocking
 from .service import AgentService, ToolSettings
@@ -114,6 +116,8 @@ class Worker:
         self.outbox = outbox
         self.gone = asyncio.Event()
         """The drone closed its end: time to go."""
+        self.histories = HistoryKeeper()
+        """The histories of the sessions whose last order ran here."""
 
     def take(self, message: list[Any]) -> None:
         kind = message[0]
@@ -126,6 +130,8 @@ class Worker:
                 self.service.decide(message[1], message[2], bool(message[3]), bool(message[4]))
             elif kind == "stop":
                 self.root.abort(AbortError(message[1], cause=message[2]))
+            elif kind == "forget":
+                self.histories.forget(message[1])
             elif kind == "gone":
                 self.root.abort(AbortError(DRONE_GONE, cause="shutdown"))
                 self.gone.set()
@@ -133,7 +139,14 @@ class Worker:
             log.exception("a worker could not take %s", kind)
 
     def _accept(self, data: dict[str, Any], aborted: bool) -> None:
-        order = WorkOrder.model_validate(data)
+        sent = WorkOrder.model_validate(data)
+        order = self.histories.complete(sent)
+        if order is None:  # the drone sends only what this worker keeps the rest of
+            ending = Ending(reason="drone_failed").wire()
+            error = WORKER_FAILED.format("its session's history is not kept here.")
+            self.outbox.event(["complete", sent.turn_id, False, error, ending], sent.turn_id)
+            return
+        self.histories.keep(order)
         token = WORK_ORDER.set(order.turn_id)  # its task, and every stream it opens, inherit it
         try:
             answer = self.service.accept(order)

@@ -35,8 +35,9 @@ from tests.conftest import HANGAR, ROOT, Browser, RelayHandle, Upstream, eventua
 Start = Callable[..., Any]
 
 SLOW = Reply(chunks=[f"word{i} " for i in range(400)], delay=0.03)
-FLOOD = Reply(chunks=["x"] * 200_000)
-"""As fast as the drone reads: its SDK parses chunks with all the CPU it gets."""
+FLOOD = Reply(chunks=["x"] * 1_000_000, chunks_per_write=100)
+"""As fast as the drone reads: it parses chunks with all the CPU it gets (written 100 at a time,
+so that the peer, in the tests' process beside the relay, stays far from busy)."""
 FLOODS = 3
 ACK_WITHIN = 0.1
 """Seconds from a browser's abort to its ack, through the relay, while the workers are busy."""
@@ -100,6 +101,46 @@ async def test_a_killed_worker_ends_its_turns_in_error_and_a_new_one_takes_its_p
     turn_id = (await browser.submit("Again"))["turnId"]
     assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "still here")
     assert worker_pids() not in ([], [killed])
+
+
+async def test_a_worker_is_sent_only_the_history_it_lacks_and_all_of_it_once_it_died(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="hangar.drone")
+    await start_drone(upstream, workers=2, concurrency=2)
+    upstream.peer.script(*(Reply(chunks=[f"A{n}"]) for n in range(1, 5)))
+    session = None
+    for n in range(1, 4):
+        ack = await browser.submit(f"Q{n}", **({"sessionId": session} if session else {}))
+        session = ack["sessionId"]
+        assert await browser.completion(ack["turnId"], timeout=20) == (ack["turnId"], True, f"A{n}")
+
+    def sent() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records]
+        return [line.split(": ")[1] for line in lines if "history messages sent" in line]
+
+    # The worker that ran the session's last order keeps its history: it gets the rest only.
+    assert sent() == [f"{k} of its {n} history messages sent" for k, n in ((0, 0), (2, 2), (2, 4))]
+    keepers = [m.split("(pid ")[1].split(")")[0] for m in caplog.messages if " to worker" in m]
+    keeper = set(keepers)
+    assert len(keeper) == 1, "every order of the session went to the same worker"
+    killed = int(keeper.pop())
+    os.kill(killed, signal.SIGKILL)
+    await eventually(
+        lambda: len(pids := worker_pids()) == 2 and killed not in pids, what="its replacement"
+    )
+
+    ack = await browser.submit("Q4", sessionId=session)
+
+    assert await browser.completion(ack["turnId"], timeout=20) == (ack["turnId"], True, "A4")
+    assert sent()[-1] == "6 of its 6 history messages sent", "a whole history to a new keeper"
+    assert [m["content"] for m in upstream.peer.requests[-1].messages] == [
+        "Q1", "A1", "Q2", "A2", "Q3", "A3", "Q4",
+    ]  # fmt: skip
 
 
 async def test_ctrl_c_aborts_the_turns_in_workers_and_the_drone_exits(
@@ -236,6 +277,30 @@ async def test_stop_after_this_step_in_a_worker_lets_the_tool_finish_then_ends_a
         ("tool", TOOL_CANCELLED),
     ]
     assert len(openai_peer.requests) == 1, "no model call after the step"
+
+
+async def test_a_drone_running_many_streams_sends_their_text_in_fewer_larger_deltas(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Start, browsers: Start
+) -> None:
+    streams = 40
+    fast = Reply(chunks=[f"w{i} " for i in range(200)], delay=0.005)  # a chunk every 5 ms, 1 s
+    openai_peer.script(*[fast] * streams)
+    await start_drone(Upstream("openai", openai_peer), workers=1, concurrency=streams)
+    people = [await browsers() for _ in range(4)]  # 10 submits each: a person's burst
+
+    turns = [
+        (person, (await person.submit(f"Stream {n}"))["turnId"])
+        for person in people
+        for n in range(streams // len(people))
+    ]
+    for person, turn_id in turns:
+        assert (await person.completion(turn_id, timeout=30))[1] is True
+
+    assert all(person.text(t) == fast.text for person, t in turns), "no text lost"
+    # Alone, a turn's 200 chunks would go as ~40 deltas (one per 25 ms); 40 turns at once widen
+    # each turn's window to 100 ms: a drone sends about 400 text deltas a second in all.
+    deltas = sorted(len(person.progress(t)) for person, t in turns)
+    assert deltas[streams // 2] <= 20, f"text deltas per turn: {deltas}"  # 13-15 here, 43-44 before
 
 
 async def abort_timed(browser: Browser, turn_id: str) -> tuple[float, float]:
