@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.peers import Reply
+import pytest
+
+from bench.peers import OpenAIPeer, Reply
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
 from tests.conftest import Browser, RelayHandle, Upstream
@@ -224,6 +226,30 @@ async def test_an_upstream_error_ends_the_turn_in_error_with_a_reason(
     turn = await stored(relay, turn_id)
     assert (turn.status, turn.reason) == ("error", "model_failed")
     assert (await browser.ending(turn_id))["reason"] == "model_failed"
+
+
+async def test_a_chunk_that_is_not_the_apis_ends_the_turn_as_the_model_services_failure(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    openai_peer.script(Reply(chunks=["Partial "], garbage="[1, 2]"), Reply(chunks=["Fine."]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("Hello")
+
+    assert await browser.completion(first["turnId"]) == (
+        first["turnId"],
+        False,
+        "The model service sent a chunk that is not a chat completion chunk.",
+    )
+    turn = await stored(relay, first["turnId"])
+    assert (turn.status, turn.reason, turn.text) == ("error", "model_failed", "Partial ")
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for what a service sent"
+    second = await browser.submit("Again", sessionId=first["sessionId"])
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Fine.")
+    assert openai_peer.requests[-1].rejected is None
 
 
 async def _next_turn_finishes(browser: Browser, previous_turn_id: str) -> None:

@@ -51,6 +51,12 @@ class Reply:
     tool_calls: list[ScriptedToolCall] = field(default_factory=list)
     tool_call_pieces: int = 3
     error_message: str | None = None
+    chunks_per_write: int = 1
+    """Chunks written to the socket at once (the OpenAI peer): a flood that costs the peer
+    little, so that its reader, not the peer, is the one kept busy."""
+    garbage: str | None = None
+    """JSON sent as one more streamed chunk after ``chunks``, verbatim: a service that sends
+    something else than the API's chunks (the OpenAI peer)."""
 
     @property
     def text(self) -> str:
@@ -219,16 +225,23 @@ class UpstreamPeer:
             await asyncio.sleep(reply.stall_after[1])
 
     async def emit(
-        self, rec: RecordedRequest, resp: web.StreamResponse, data: str, *, counted: bool = True
+        self,
+        rec: RecordedRequest,
+        resp: web.StreamResponse,
+        data: str,
+        *,
+        counted: bool = True,
+        chunks: int = 1,
     ) -> None:
-        """Write (and flush) one piece of the body; counted pieces obey the pacing."""
+        """Write (and flush) one piece of the body (``chunks`` chunks); counted pieces obey the
+        pacing."""
         reply = rec.reply or self.default
         if counted and rec.chunks_sent > 0 and reply.delay > 0:
             await asyncio.sleep(reply.delay)
         await resp.write(data.encode("utf-8"))
         if not counted:
             return
-        rec.chunks_sent += 1
+        rec.chunks_sent += chunks
         self._notify()
         if reply.stall_after is not None and reply.stall_after[0] == rec.chunks_sent:
             await asyncio.sleep(reply.stall_after[1])

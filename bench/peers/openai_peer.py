@@ -213,8 +213,13 @@ class OpenAIPeer(UpstreamPeer):
             role = {"role": "assistant", "content": "", "refusal": None}
             await self.emit(rec, resp, event(role), counted=False)
             role_sent = True
-        for piece in reply.chunks:
-            await self.emit(rec, resp, event({"content": piece}))
+        step = max(1, reply.chunks_per_write)
+        for start in range(0, len(reply.chunks), step):
+            pieces = reply.chunks[start : start + step]
+            data = "".join(event({"content": piece}) for piece in pieces)
+            await self.emit(rec, resp, data, chunks=len(pieces))
+        if reply.garbage is not None:
+            await self.emit(rec, resp, f"data: {reply.garbage}\n\n", counted=False)
 
         ids = self._tool_call_ids(reply)
         for i, (tc, call_id) in enumerate(zip(reply.tool_calls, ids, strict=True)):

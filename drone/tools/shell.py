@@ -75,7 +75,16 @@ async def run_shell(
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await reader
+        _release(process)
     return f"exit code {process.returncode}\n{output.text()}"
+
+
+def _release(process: asyncio.subprocess.Process) -> None:
+    """Close the command's pipes now. asyncio closes them only once it has read their end, which
+    a cancelled reader may never do: left open, they outlive the work order (and its loop)."""
+    transport = getattr(process, "_transport", None)
+    if isinstance(transport, asyncio.SubprocessTransport):
+        transport.close()
 
 
 async def kill_group(process: asyncio.subprocess.Process) -> None:
