@@ -71,7 +71,7 @@ class DroneReports:
         Returns the turns the drone must abort: ones it runs that ended meanwhile (the relay
         ended them while it was away or frozen) or whose abort was asked. A turn the store has
         on it that it no longer runs (it restarted) ends now, unless its order may still be on
-        its way.
+        its way (neither accepted through this relay nor sent long enough ago).
         """
         stored = {t.turn_id: t for t in await self.store.processing_turns(drone_id=route.drone_id)}
         to_abort = [t for t in running if t not in stored or stored[t].abort_requested_by]
@@ -83,7 +83,8 @@ class DroneReports:
             if turn.turn_id in running:
                 continue
             started = turn.started_at or 0
-            if started < now - DRONE_CALL_TIMEOUT:
+            accepted = self.turns.accepted.get(turn.turn_id) == route.drone_id
+            if accepted or started < now - DRONE_CALL_TIMEOUT:
                 await self.turns.end_turn(turn.turn_id, NO_LONGER_RUN)
             else:  # its order may still be on its way: see again once it cannot be
                 check = partial(self._check_reported, turn.turn_id, route)

@@ -31,7 +31,9 @@ from typing import Any
 
 import engineio
 import socketio
+from aiohttp import web
 from engineio import packet as eio_packet
+from engineio.async_drivers import aiohttp as aiohttp_driver
 from socketio import packet
 
 from hangar.shared.protocol import IDE_NAMESPACE, RESYNC
@@ -41,6 +43,8 @@ from .limits import QuietLog
 log = logging.getLogger("hangar.relay")
 
 MAX_MALFORMED = 20
+CLOSE_WITHIN = 1.0
+"""Seconds a closing websocket waits for the peer's answer before its connection is cut."""
 LOG_EVERY = 10.0
 RESERVED = frozenset(
     {"connect", "connect_error", "disconnect", "disconnecting", "newListener", "removeListener"}
@@ -112,8 +116,30 @@ class SendQueue(asyncio.Queue[Any]):
         return dropped
 
 
+class PromptCloseWebSocket(aiohttp_driver.WebSocket):  # type: ignore[misc]
+    """engine.io's aiohttp websocket, whose close waits ``CLOSE_WITHIN`` (not aiohttp's 10 s)
+    for the peer's answer: a peer that stopped reading (a frozen drone) is cut off within a
+    second, so it sees its connection end the moment it runs again."""
+
+    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
+        request = environ["aiohttp.request"]
+        self._sock = web.WebSocketResponse(
+            max_msg_size=self.server.max_http_buffer_size, timeout=CLOSE_WITHIN
+        )
+        await self._sock.prepare(request)
+        self.environ = environ
+        await self.handler(self)
+        return self._sock
+
+
 class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
-    """engine.io's server, with a counting queue per connection."""
+    """engine.io's server, with a counting queue per connection and a prompt close."""
+
+    _async: dict[str, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._async = {**self._async, "websocket": PromptCloseWebSocket}
 
     def create_queue(self, *args: Any, **kwargs: Any) -> SendQueue:
         return SendQueue(*args, **kwargs)

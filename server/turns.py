@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -55,6 +56,8 @@ log = logging.getLogger("hangar.relay")
 
 QUEUE_LIMIT = 20
 """Turns one person may have waiting at once."""
+ACCEPTED_REMEMBERED = 10_000
+"""Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
 ABORT_ANSWER = 2.0
@@ -96,6 +99,8 @@ class TurnLifecycle:
         """Turns run by drones connected to this relay (``reports`` adds them)."""
         self.abort_asked_by: dict[str, str] = {}
         """Who asked (through this relay) to abort a turn still processing."""
+        self.accepted: OrderedDict[str, str] = OrderedDict()
+        """Processing turns whose order this relay saw a drone accept: turn -> drone (recent)."""
 
     # ---- browsers
 
@@ -278,6 +283,7 @@ class TurnLifecycle:
         self.reaper.forget(turn_id)
         self.live.pop(turn_id, None)
         self.abort_asked_by.pop(turn_id, None)
+        self.accepted.pop(turn_id, None)
         # The ending is stored: what follows only tells people, and must not fail on Redis.
         try:
             await self.live_state.forget_turn(turn_id)
@@ -322,6 +328,10 @@ class TurnLifecycle:
 
     def started(self, turn: TurnRecord) -> None:
         """Its drone accepted the turn's work order: live here if the drone is connected here."""
+        if turn.drone_id is not None:
+            self.accepted[turn.turn_id] = turn.drone_id
+            if len(self.accepted) > ACCEPTED_REMEMBERED:
+                self.accepted.popitem(last=False)
         if turn.drone_id is not None and self.directory.here(turn.drone_id) is not None:
             live = LiveTurn(turn.turn_id, turn.session_id, turn.owner, turn.drone_id)
             self.live.setdefault(turn.turn_id, live)

@@ -101,11 +101,13 @@ async def test_an_abort_to_a_frozen_drone_lands_and_the_drone_drops_the_turn_whe
         turn = await stored(relay.relay.store, turn_id)
         assert turn.status == "aborted" and turn.text == browser.text(turn_id)
         assert roles(turn) == [("user", "Stream for a while"), ("assistant", turn.text)]
+        await eventually(lambda: not relay.relay.directory.local, what="the drone dropped")
     finally:
         drone.send_signal(signal.SIGCONT)
 
-    # Awake again, the drone hears of the abort and closes the model's stream at once.
-    await eventually(lambda: openai_peer.requests[0].disconnected, timeout=10, what="upstream")
+    # Awake again, the drone finds its connection cut (the relay does not wait for a frozen
+    # peer's answer to its close), reconnects, hears of the abort and closes the model's stream.
+    await eventually(lambda: openai_peer.requests[0].disconnected, timeout=3, what="upstream")
     assert not openai_peer.requests[0].completed
     # Its slot is free: the next order runs on it and finishes.
     openai_peer.script(Reply(chunks=["next ", "one"]))
@@ -593,7 +595,8 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         drone_process(Upstream("openai", openai_peer), server=url, token=token, name="again")
         await eventually(lambda: relay.directory.local, timeout=15, what="the drone back")
 
-        _, success, message = await browser.completion(turn_id, timeout=20)
+        # At once: this relay saw the drone accept the order, so it is not on its way any more.
+        _, success, message = await browser.completion(turn_id, timeout=3)
         assert (success, message) == (False, "The drone restarted and no longer runs this turn.")
         assert await relay.store.processing_turns() == []
         openai_peer.script(Reply(chunks=["back ", "again"]))
