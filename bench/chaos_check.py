@@ -186,8 +186,9 @@ async def verdict(
          "come within the page's 15 s, sent again)", len(stray)],
         ["**ended exactly once**: terminal in the store, one `workOrderComplete` to the submitting "
          "browser", f"{once} / {n}"],
-        ["ended while the browser was away (its relay died): terminal in the store and in the "
-         "session the browser opened again, no `workOrderComplete`", away],
+        ["ended while the browser was away (its relay died) or while Redis could not carry the "
+         "ending (the browser was told to `resync`): terminal in the store and in the session "
+         "the browser opened again, no `workOrderComplete`", away],
         ["ended, but the browser was never told (it stayed connected, or reopened before the end)",
          untold],
         ["`workOrderComplete` sent to the browser more than once", twice],

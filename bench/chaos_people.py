@@ -65,6 +65,7 @@ class Person:
         on("workOrderComplete", self._on_complete, namespace=IDE)
         on("workOrderProgress", self._on_progress, namespace=IDE)
         on("turnStarted", self._on_started, namespace=IDE)
+        on("resync", self._on_resync, namespace=IDE)
 
     async def connect(self) -> Person:
         auth = {"token": self.token}
@@ -84,6 +85,12 @@ class Person:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self._connected_once = True
+
+    async def _on_resync(self, data: Any = None) -> None:
+        """The relay could not pass on everything (Redis was down): as the page, open again."""
+        task = asyncio.ensure_future(self._reopen())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _reopen(self) -> None:
         """Open again each session with a turn whose end this browser has not seen, as the
