@@ -151,14 +151,17 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   /** Whether the list can be seen (on a phone, only while the drawer is open). */
   const listShown = () => !PHONE.matches || panel.dataset.open === "true";
 
-  /** A page that does not fill the list leaves nothing to scroll: ask for the next at once. */
+  /** The list's end is in view or near it (a page that does not fill the list leaves nothing to
+   * scroll): ask for the next page now. Measured here, not taken from an observer's entry, which
+   * may describe a layout already gone (the "Loading…" line alone, before the page came). */
   function loadMoreIfShort() {
     if (!next || loading || !listShown() || !more.isConnected) return;
     const end = list.getBoundingClientRect().bottom;
     if (more.getBoundingClientRect().top <= end + MORE_MARGIN_PX) loadMore();
   }
 
-  new IntersectionObserver((entries) => entries.some((e) => e.isIntersecting) && loadMore(), {
+  const nearEnd = (entries) => entries.some((e) => e.isIntersecting) && loadMoreIfShort();
+  new IntersectionObserver(nearEnd, {
     root: list,
     rootMargin: `0px 0px ${MORE_MARGIN_PX}px 0px`,
   }).observe(more);
