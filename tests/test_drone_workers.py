@@ -51,8 +51,15 @@ def worker_pids(parent: int | None = None) -> list[int]:
     parent = parent or os.getpid()
     found = []
     for task in os.listdir(f"/proc/{parent}/task"):
-        for pid in Path(f"/proc/{parent}/task/{task}/children").read_text().split():
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        try:  # a thread or a child may end while it is read
+            children = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in children:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
             if b"hangar.drone.worker_process" in cmdline:
                 found.append(int(pid))
     return found
