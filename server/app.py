@@ -138,6 +138,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     browsers, drones = IdeNamespace(relay, access), DroneNamespace(relay)
     sio.register_namespace(browsers)
     sio.register_namespace(drones)
+    sio.handle_inline(DRONE_NAMESPACE, drones.inline)
     app[RELAY] = relay
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -9,6 +9,7 @@ takes over a drone's route and running work.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from typing import Any
@@ -20,6 +21,8 @@ from hangar.shared.protocol import (
     DISMISSED,
     DRONE_NAMESPACE,
     PROGRESS,
+    WORK_ORDER_COMPLETE,
+    WORK_ORDER_PROGRESS,
     Completion,
     DroneHello,
     MessageAdded,
@@ -49,7 +52,16 @@ class DroneConnection:
         self.route = route
         self.lanes = TurnLanes(route.drone_id)
 
-    async def on_work_order_progress(self, *args: Any) -> dict[str, Any]:
+    def event(self, data: list[Any]) -> asyncio.Future[dict[str, Any]] | dict[str, Any] | None:
+        """Put a report in its turn's lane, in the order the drone sent it; the answer is its
+        ack (the drone asks for one for what it must not lose). None: not a report."""
+        if data[0] == WORK_ORDER_PROGRESS:
+            return self.progress(*data[1:])
+        if data[0] == WORK_ORDER_COMPLETE:
+            return self.complete(*data[1:])
+        return None
+
+    def progress(self, *args: Any) -> asyncio.Future[dict[str, Any]] | dict[str, Any]:
         try:
             event: TextDelta | MessageAdded | ToolActivity = PROGRESS.validate_python(
                 one_payload(args)
@@ -57,11 +69,9 @@ class DroneConnection:
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         drone_id = self.route.drone_id
-        return await self.lanes.run(
-            event.turn_id, lambda: self.relay.reports.progress(drone_id, event)
-        )
+        return self.lanes.run(event.turn_id, lambda: self.relay.reports.progress(drone_id, event))
 
-    async def on_work_order_complete(self, *args: Any) -> dict[str, Any]:
+    def complete(self, *args: Any) -> asyncio.Future[dict[str, Any]] | dict[str, Any]:
         if len(args) not in (3, 4):
             return {
                 "ok": False,
@@ -77,7 +87,7 @@ class DroneConnection:
         except ValidationError as error:
             return {"ok": False, "error": refusal(error)}
         drone_id = self.route.drone_id
-        return await self.lanes.run(
+        return self.lanes.run(
             completion.turn_id, lambda: self.relay.reports.complete(drone_id, completion)
         )
 
@@ -91,6 +101,13 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
     def __init__(self, relay: Relay) -> None:
         super().__init__(DRONE_NAMESPACE)
         self.relay = relay
+
+    def inline(
+        self, sid: str, data: list[Any]
+    ) -> asyncio.Future[dict[str, Any]] | dict[str, Any] | None:
+        """A drone's reports, taken as they arrive (``RelayServer.handle_inline``)."""
+        connection = self.connections.get(sid)
+        return None if connection is None else connection.event(data)
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
         if not isinstance(auth, dict) or not isinstance(auth.get("token"), str):
