@@ -8,7 +8,9 @@
   session cookie (Secure over HTTPS) naming a server-side login that expires; ``POST /logout``
   ends it. Failed logins are limited per user name and per address; every refusal says the same.
 - **Demo.** A relay started by ``hangar demo`` on a loopback address logs a local visitor in as
-  its demo user, and the page says so.
+  its demo user, and the page says so; only a page reached by a loopback name or address
+  (``localhost``, ``127.0.0.1``, ``[::1]``), so another site's name pointed at this machine (DNS
+  rebinding) gets the login page instead.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def _host_name(host: str) -> str:
+    """``host`` (a ``Host`` header) without its port: ``[::1]:8080`` -> ``::1``."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class Access:
@@ -183,6 +192,8 @@ class Access:
         """A login token for the demo user, for a visitor on this machine; else None."""
         if self.demo_user is None or not is_loopback(request.remote or ""):
             return None
+        if not is_loopback(_host_name(request.host)):
+            return None  # a name that only points here (DNS rebinding) is not this machine's
         user = await self.accounts.user(self.demo_user)
         if user is None:
             user = await self.accounts.add_user(self.demo_user, None, "admin")

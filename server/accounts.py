@@ -261,6 +261,11 @@ class Accounts:
             await self._revoke("drone", name)
         return bool(changed)
 
+    async def has_drone_token(self, name: str) -> bool:
+        """Whether the drone ``name`` has (or had: revoked) a token of its own, so only that
+        token opens it."""
+        return bool(await self.db.fetch("SELECT 1 FROM drone_tokens WHERE name = ?", name))
+
     async def drone_of(self, token: str) -> str | None:
         """The drone a drone token proves, if the token is valid and not revoked."""
         name = drone_name_of(token)

@@ -44,6 +44,7 @@ TOKEN_REQUIRED = "A drone token is required."
 INVALID_TOKEN = "Invalid drone token."
 ALREADY_CONNECTED = "A drone with this id is connected already."
 TOKEN_REVOKED = "The drone's token was revoked."
+OWN_TOKEN = "The drone {} has a token of its own; connect with that token."
 
 
 class DroneConnection:
@@ -129,6 +130,8 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             raise socketio.exceptions.ConnectionRefusedError(
                 f"This token is the drone {owned}'s; connect as {owned}."
             )
+        if owned is None and await self.relay.accounts.has_drone_token(hello.drone_id):
+            raise socketio.exceptions.ConnectionRefusedError(OWN_TOKEN.format(hello.drone_id))
         instance = hashlib.sha256(hello.instance.encode()).hexdigest()
         connected = await self.relay.directory.route(hello.drone_id)
         if connected is not None and not hmac.compare_digest(connected.instance, instance):

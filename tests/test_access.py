@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +18,9 @@ import socketio
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.access import BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
 from hangar.server.accounts import MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
-from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, TOKEN_REVOKED
+from hangar.server.app import RelayConfig
+from hangar.server.cli import start_relay
+from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
@@ -222,12 +226,52 @@ async def test_logging_out_ends_the_login_and_drops_its_connections(
         await browser.close()
 
 
+async def test_a_login_past_its_fourteen_days_no_longer_opens_the_page_or_a_connection(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+    await login.log_in("ada", PASSWORD)
+    headers = {"Cookie": f"{LOGIN_COOKIE}={login.cookie}"}
+    async with login.http.get(relay.url + "/", allow_redirects=False) as page:
+        assert page.status == 200
+
+    await relay.relay.accounts.db.execute("UPDATE logins SET expires_at = ?", time.time() - 1)
+
+    async with login.http.get(relay.url + "/", allow_redirects=False) as page:
+        assert page.status == 303 and page.headers["Location"] == "/login"
+    refused = await refusal_of(relay.url, headers=headers, transports=["websocket"])
+    assert refused == {"message": NOT_LOGGED_IN}
+
+
 async def test_a_removed_person_is_disconnected(relay: RelayHandle, browsers: Any) -> None:
     browser: Browser = await browsers("leaving")
 
     assert await relay.relay.accounts.remove_user("leaving")
 
     await eventually(lambda: not browser.sio.connected, what="the connection to drop")
+
+
+async def test_the_demo_logs_in_a_visitor_by_a_loopback_name_only(tmp_path: Path) -> None:
+    config = RelayConfig(port=0, database=str(tmp_path / "demo.db"), demo_user="demo")
+    runner, port = await start_relay(config)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "[::1]"):
+                async with http.get(
+                    f"http://127.0.0.1:{port}/", headers={"Host": host}, allow_redirects=False
+                ) as page:
+                    assert page.status == 200 and LOGIN_COOKIE in page.cookies, host
+            # A foreign name pointed at 127.0.0.1 (DNS rebinding) is not a visitor of this machine.
+            async with http.get(
+                f"http://127.0.0.1:{port}/",
+                headers={"Host": f"rebound.example:{port}"},
+                allow_redirects=False,
+            ) as page:
+                assert page.status == 303 and page.headers["Location"] == "/login"
+                assert LOGIN_COOKIE not in page.cookies
+    finally:
+        await runner.cleanup()
 
 
 # ---- origins
@@ -379,6 +423,25 @@ async def test_a_drone_token_only_opens_its_own_drone(relay: RelayHandle) -> Non
     forged = {**drone_hello("laptop"), "token": token[:-4] + "AAAA"}
     refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=forged, transports=["websocket"])
     assert refused == {"message": INVALID_TOKEN}
+
+
+async def test_the_shared_token_cannot_open_a_drone_that_has_a_token_of_its_own(
+    relay: RelayHandle,
+) -> None:
+    await relay.relay.accounts.create_drone_token("laptop")
+    shared = drone_hello("laptop")  # the relay's shared drone token, while laptop is offline
+
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=shared, transports=["websocket"])
+
+    assert refused == {"message": OWN_TOKEN.format("laptop")}
+    assert await relay.relay.accounts.revoke_drone_token("laptop")
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=shared, transports=["websocket"])
+    assert refused == {"message": OWN_TOKEN.format("laptop")}  # revoked stays revoked
+    desk = socketio.AsyncClient(reconnection=False)  # no token of its own: the shared one opens
+    await desk.connect(
+        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("desk"), wait_timeout=5
+    )
+    await desk.disconnect()
 
 
 async def test_no_connection_takes_over_a_connected_drone(
