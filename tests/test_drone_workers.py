@@ -22,6 +22,7 @@ import pytest
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.pool import WORKER_STOPPED
 from hangar.drone.tools.policy import ToolPolicy
+from hangar.server.reaper import DRONE_LOST
 from hangar.server.store import Ending, SessionRecord, TurnRecord
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -31,6 +32,7 @@ from hangar.shared.protocol import (
     ChatMessage,
 )
 from tests.conftest import HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+from tests.test_tool_sandbox import grandchild_command, processes_running, started, unique_sleep
 
 Start = Callable[..., Any]
 
@@ -188,6 +190,26 @@ async def test_a_drone_killed_takes_its_workers_and_their_streams_with_it(
 
     await openai_peer.wait_for_disconnect()
     await eventually(lambda: not alive(worker), 5, "the worker to end")
+
+
+async def test_a_drone_killed_mid_command_leaves_nothing_of_the_command_running(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    sleeper = unique_sleep()
+    command = ScriptedToolCall("run_shell", {"command": grandchild_command(sleeper)})
+    openai_peer.script(Reply(chunks=[], tool_calls=[command]), Reply(chunks=["never asked"]))
+    drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+    turn_id = (await browser.submit("Start something that lasts"))["turnId"]
+    await started(sleeper)  # in the sandbox where there is one, else in a PID namespace
+
+    drone.kill()
+
+    await eventually(lambda: not processes_running(*sleeper), 3, "no process of the command")
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, False, DRONE_LOST.result)
 
 
 @pytest.mark.parametrize("relay_ping", [(5.0, 10.0)])  # the frozen drone stays connected

@@ -14,11 +14,18 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hangar.drone.tools.sandbox import Sandbox, SandboxStatus, detect_sandbox, unconfined
+from hangar.drone.tools.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxStatus,
+    detect_sandbox,
+    unconfined,
+)
 from hangar.drone.tools.shell import run_shell
 from hangar.shared.abort import AbortController, AbortError
 from tests.conftest import ROOT, ci, eventually
@@ -141,6 +148,7 @@ async def test_a_sandboxed_command_sees_no_home_no_drone_files_and_no_drone_envi
     secret.write_text("the operator's secret")
     monkeypatch.setenv("HANGAR_TEST_SECRET", "token-in-the-drone-environment")
     hidden = [secret, "/home", "/root", ROOT, "/etc/shadow", "/etc/ssh", "/etc/hostname"]
+    hidden += ["/var", "/run", "/opt", "/srv", "/mnt", "/sys"]
     checks = "; ".join(f"test -e {path} && echo present: {path}" for path in hidden)
     try:
         result = await shell(workdir, f"{checks}; cat {secret} 2>&1; env", sandbox)
@@ -166,6 +174,25 @@ async def test_a_sandboxed_command_has_no_capabilities_to_undo_its_read_only_mou
 
     assert result == "exit code 0\nCapEff:\t0000000000000000\nstill read-only\n"
     assert planted.name not in os.listdir("/usr")
+
+
+async def test_a_sandboxed_command_has_namespaces_of_its_own_and_cannot_make_more(
+    sandbox: Sandbox, workdir: Path
+) -> None:
+    kinds = ("user", "pid", "ipc", "uts", "cgroup", "net", "mnt")
+    ours = {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in kinds}
+    listing = " ".join(f"$(readlink /proc/self/ns/{kind})" for kind in kinds)
+
+    result = await shell(
+        workdir,
+        f"echo {listing}; hostname; unshare --user true 2>/dev/null || echo no nested namespace",
+        sandbox,
+    )
+
+    lines = result.splitlines()
+    theirs = dict(zip(kinds, lines[1].split(), strict=True))
+    assert [kind for kind in kinds if theirs[kind] == ours[kind]] == []
+    assert lines[2:] == ["sandbox", "no nested namespace"]
 
 
 async def test_a_sandboxed_command_runs_python_and_git(sandbox: Sandbox, workdir: Path) -> None:
@@ -213,6 +240,52 @@ async def test_a_sandboxed_command_cannot_hard_link_a_file_from_outside(
 
 
 # ---- reaping, sandboxed or not
+
+
+LIMITS = "grep -E 'Max (cpu time|file size|address space|processes)' /proc/self/limits"
+
+
+def limits_seen(result: str) -> dict[str, int]:
+    """``Max …`` lines of /proc/self/limits, as the command saw them: name -> soft limit."""
+    seen = {}
+    for line in result.splitlines()[1:]:
+        name, soft = line[:26].strip(), line[26:].split()[0]
+        seen[name] = int(soft)
+    return seen
+
+
+async def test_every_command_runs_under_the_limits_the_readme_names(
+    place: Sandbox | None, workdir: Path
+) -> None:
+    seen = limits_seen(await shell(workdir, LIMITS, place))
+
+    assert seen["Max cpu time"] == 300
+    assert seen["Max address space"] == 4 << 30
+    assert seen["Max file size"] == 1 << 30
+    if place is not None:  # counted in the sandbox's own user namespace
+        assert seen["Max processes"] == 512
+        tmp = await shell(workdir, "df -k /tmp | tail -1", place)
+        assert tmp.split()[3:5] == ["tmpfs", str((1 << 30) // 1024)]  # its own 1 GiB /tmp
+
+
+async def test_a_sandboxed_command_past_a_limit_is_stopped_and_writes_no_more(
+    sandbox: Sandbox, workdir: Path
+) -> None:
+    tight = replace(
+        sandbox, limits=Limits(cpu_seconds=1, address_space=256 << 20, file_size=1 << 20)
+    )
+    small_tmp = replace(sandbox, limits=Limits(tmp_size=1 << 20))
+
+    spin = await asyncio.wait_for(shell(workdir, "python3 -c 'while True: pass'", tight), 10)
+    memory = await shell(workdir, "python3 -c 'b = bytearray(512 << 20)'", tight)
+    big_file = await shell(workdir, "head -c 3000000 /dev/zero > big; echo written", tight)
+    full_tmp = await shell(workdir, "head -c 3000000 /dev/zero > /tmp/big", small_tmp)
+
+    assert spin.startswith("exit code 137\n")  # killed at its second of CPU
+    assert memory.startswith("exit code 1\n") and "MemoryError" in memory
+    assert "File size limit exceeded" in big_file
+    assert (workdir / "big").stat().st_size == 1 << 20
+    assert "No space left on device" in full_tmp
 
 
 async def test_abort_ends_a_command_and_its_setsid_grandchild_promptly(
