@@ -130,6 +130,15 @@ async def test_the_demo_on_this_machine_logs_the_visitor_in_and_says_so(
         await expect(page).to_have_url(url)
         await expect(page.locator("#account-name")).to_have_text("demo")
         await expect(page.locator("#demo-note")).to_be_visible()
+        prompts = page.locator("#demo-prompts")  # the empty conversation names what to try
+        await expect(prompts).to_be_visible()
+        for prompt in (
+            "list the files",
+            "run a command",
+            "write a note",
+            "delegate to a sub-agent",
+        ):
+            await expect(prompts).to_contain_text(prompt)
         assert await runner.app[RELAY].accounts.user("demo") is not None
     finally:
         await page.goto("about:blank")  # closes the page's connection before the relay stops
@@ -149,6 +158,7 @@ async def test_an_admin_can_list_everyones_sessions_and_sees_whose_they_are(
     await log_in(page, relay, "root", role="admin")
     await page.goto(relay.url + "/")
     await expect(page.locator("#account-role")).to_have_text("admin")
+    await expect(page.locator("#demo-prompts")).to_be_hidden()  # no demo model here
     await expect(page.locator("#sessions .session")).to_have_count(0)
 
     await page.click('#sessions-scope [data-scope="everyone"]')
