@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import ABORT_SIGNALED, STOP_AFTER_STEP, TOOL_CANCELLED
@@ -93,10 +95,21 @@ async def test_a_turn_for_a_named_drone_waits_for_that_drone(
     assert turn is not None and turn.drone_id == "laptop"
 
 
-async def test_aborting_a_queued_order_ends_it_at_once_without_a_drone(
-    relay: RelayHandle, browser: Browser
+@pytest.mark.parametrize("drone", ["none", "busy"])
+async def test_aborting_a_queued_order_ends_it_at_once_with_no_drone_or_a_busy_one(
+    relay: RelayHandle,
+    browser: Browser,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    drone: str,
 ) -> None:
-    """No drone is online, so nothing but the relay could end these turns."""
+    """No drone is online, or the only one is busy with another turn: nothing but the relay
+    could end these turns, and the running one goes on."""
+    if drone == "busy":
+        openai_peer.script(SLOW)
+        await start_drone(Upstream("openai", openai_peer))
+        running = await browser.submit("Keep the drone busy")
+        await browser.wait_text(running["turnId"], pieces=1)
     took: list[float] = []
     for index in range(5):
         ack = await browser.submit(f"Never mind {index}")
@@ -114,6 +127,10 @@ async def test_aborting_a_queued_order_ends_it_at_once_without_a_drone(
         assert ended["endedBy"] == turn.ended_by and ended["endedBy"].startswith("person-")
     assert statistics.median(took) < 0.05, took
     assert await browser.abort(ack["turnId"]) == (False, "No active work order to abort")
+    if drone == "busy":
+        assert len(openai_peer.requests) == 1, "no cancelled turn reached the model"
+        assert (await browser.completion(running["turnId"], timeout=20))[1] is True
+        assert browser.text(running["turnId"]) == SLOW.text  # it ran on, whole
 
 
 async def test_an_abort_racing_the_dispatch_is_never_lost(
@@ -191,6 +208,35 @@ async def test_a_queued_follow_up_runs_after_the_turn_with_its_history(
         ("assistant", "First answer."),
         ("user", "And then?"),
     ]
+
+
+@pytest.mark.parametrize("first_ends", ["aborted", "error"])
+async def test_a_queued_follow_up_runs_whatever_the_turn_before_it_ends_with(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    first_ends: str,
+) -> None:
+    # A service that breaks off its stream with something that is not a chunk: model_failed.
+    failing = Reply(chunks=[f"p{i} " for i in range(20)], delay=0.05, garbage="[1, 2]")
+    openai_peer.script(SLOW if first_ends == "aborted" else failing, Reply(chunks=["Second."]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("First question")
+    await browser.wait_text(first["turnId"], pieces=2)
+
+    follow_up = await browser.submit("And then?", sessionId=first["sessionId"])
+    assert (await place_of(browser, follow_up["turnId"]))["position"] == 0
+    if first_ends == "aborted":
+        assert await browser.abort(first["turnId"]) == (True, ABORT_SIGNALED)
+
+    ended = await browser.completion(first["turnId"])
+    assert ended[1] is (first_ends == "aborted")  # an error is reported as one
+    assert await browser.completion(follow_up["turnId"]) == (follow_up["turnId"], True, "Second.")
+    sent = openai_peer.requests[-1]
+    assert sent.rejected is None  # a valid conversation, whatever came before
+    assert sent.messages[0] == {"role": "user", "content": "First question"}
+    assert sent.messages[-1] == {"role": "user", "content": "And then?"}
 
 
 async def test_interrupt_and_send_aborts_the_turn_and_runs_the_prompt_after_it(

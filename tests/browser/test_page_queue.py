@@ -225,11 +225,20 @@ async def test_ctrl_enter_interrupts_the_turn_and_sends_the_prompt(
     assert history[-1] == ("user", "Stop that, answer this")
 
 
-async def test_the_operators_ctrl_c_reads_as_the_operators(
+ENDINGS = {
+    "operator": "The drone's operator stopped it.",  # Ctrl-C in the drone's terminal
+    "shutdown": "Aborted: the drone was shut down.",  # SIGTERM (a service manager's stop)
+    "unanswered": "Aborted: the drone did not answer, so the relay ended the turn.",
+}
+
+
+@pytest.mark.parametrize("reason", list(ENDINGS))
+async def test_an_abort_ended_by_the_drone_or_the_relay_says_why_in_yellow(
     page: Page,
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
     drone_process: Callable[..., subprocess.Popen[Any]],
+    reason: str,
 ) -> None:
     openai_peer.script(SLOW)
     await open_hangar(page, relay)
@@ -240,14 +249,22 @@ async def test_the_operators_ctrl_c_reads_as_the_operators(
     await expect(turn.locator(".turn-output")).to_contain_text("w0 w1 w2 ", timeout=WAIT_MS)
     await record_statuses(page, turn)
 
-    process.send_signal(signal.SIGINT)
+    if reason == "unanswered":  # a frozen drone: the person's Cancel, ended by the relay
+        process.send_signal(signal.SIGSTOP)
+        try:
+            await page.click("#cancel")
+            await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+        finally:
+            process.send_signal(signal.SIGCONT)
+    else:
+        process.send_signal(signal.SIGINT if reason == "operator" else signal.SIGTERM)
+        await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+        assert await asyncio.to_thread(process.wait, 10) is not None
 
-    await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
-    await expect(turn.locator(".turn-status")).to_have_text("The drone's operator stopped it.")
+    await expect(turn.locator(".turn-status")).to_have_text(ENDINGS[reason])
     await assert_not_red(turn)
-    assert await asyncio.to_thread(process.wait, 10) is not None
     record = await stored(relay, turn_id)
-    assert record.status == "aborted" and record.reason == "operator"
+    assert record.status == "aborted" and record.reason == reason
     shown = await seen(page, turn_id)
     assert shown["statuses"] == ["processing", "aborted"], shown
     assert not [text for text in shown["feet"] if "by you" in text], shown
@@ -290,6 +307,36 @@ async def test_stop_after_this_step_keeps_the_running_tools_result(
     record = await stored(relay, turn_id, "aborted")
     results = [m.content for m in record.messages if m.role == "tool"]
     assert len(results) == 1 and "done" in results[0] and results[0] != TOOL_CANCELLED
+
+
+async def test_stop_now_after_stop_after_this_step_aborts_at_once(
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    long_tool = ScriptedToolCall("run_shell", {"command": "sleep 60; echo never"})
+    openai_peer.script(Reply(chunks=[], tool_calls=[long_tool]), Reply(chunks=["Never asked."]))
+    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Run a very slow command")
+    turn_id = await turn_id_of(turn)
+    tool = turn.locator(".tool")
+    await expect(tool).to_have_attribute("data-state", "start", timeout=WAIT_MS)
+    stop = page.locator("#stop-after-step")
+    await stop.click()
+    await expect(stop).to_have_text("Stop now")
+
+    await stop.click()  # the step takes too long: the second press does not wait for it
+
+    await expect(turn).to_have_class(has_class("aborted"), timeout=5_000)  # not the 60 s
+    await expect(turn.locator(".turn-status")).to_have_text(ABORTED_STATUS)
+    await assert_not_red(turn)
+    await assert_idle_controls(page)
+    record = await stored(relay, turn_id, "aborted")
+    assert [m.content for m in record.messages if m.role == "tool"] == [TOOL_CANCELLED]
+    assert len(openai_peer.requests) == 1
 
 
 async def test_a_finished_turn_shows_its_tokens_and_an_abort_says_who(
