@@ -8,14 +8,17 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import ABORT_SIGNALED, STOP_AFTER_STEP, TOOL_CANCELLED
-from tests.conftest import Browser, RelayHandle, Upstream, eventually
+from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, Upstream, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 
@@ -162,16 +165,19 @@ async def test_one_persons_many_orders_do_not_hold_up_anothers(
     await relay.people.token("heavy")
     heavy: Browser = await browsers("heavy")
     light: Browser = await browsers("light")
-    for index in range(8):
-        assert (await heavy.submit(f"heavy {index}"))["ok"] is True
+    heavy_acks = [await heavy.submit(f"heavy {index}") for index in range(8)]
+    assert all(ack["ok"] for ack in heavy_acks)
     light_ack = await light.submit("light 0")
 
     openai_peer.default = Reply(chunks=["ok"], delay=0.01)
     await start_drone(Upstream("openai", openai_peer))  # one slot: orders run one at a time
     await light.completion(light_ack["turnId"], timeout=10)
+    await heavy.completion(heavy_acks[-1]["turnId"], timeout=20)
 
     started = [r.messages[-1]["content"] for r in openai_peer.requests]
     assert started.index("light 0") == 1, started  # after heavy's first, before its second
+    # and each person's own orders first in, first out
+    assert [s for s in started if s.startswith("heavy")] == [f"heavy {i}" for i in range(8)]
 
 
 async def test_a_person_may_have_only_so_many_orders_waiting(
@@ -294,6 +300,31 @@ async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(
     assert endings(browser, ack["turnId"])[0]["reason"] == "aborted"
 
 
+async def test_stop_after_this_step_lets_the_model_call_finish_then_runs_none_of_its_tools(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    words = [f"word{i} " for i in range(40)]
+    never = ScriptedToolCall("run_shell", {"command": "echo never run"})
+    openai_peer.script(Reply(chunks=words, delay=0.03, tool_calls=[never]), Reply(["unasked"]))
+    await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Answer, then use a tool")
+    await browser.wait_text(ack["turnId"], pieces=2)
+
+    gentle = await browser.call("abortWorkOrder", {"turnId": ack["turnId"], "mode": "after_step"})
+
+    assert gentle == (True, STOP_AFTER_STEP)
+    assert await browser.completion(ack["turnId"], timeout=10) == (ack["turnId"], True, "aborted")
+    assert browser.text(ack["turnId"]) == "".join(words)  # the model call ran to its end
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None
+    assert [(m.role, m.content.strip()) for m in turn.messages] == [
+        ("user", "Answer, then use a tool"),
+        ("assistant", "".join(words).strip()),
+        ("tool", TOOL_CANCELLED),
+    ]
+    assert len(openai_peer.requests) == 1, "no model call after the step"
+
+
 async def test_a_finished_turn_stores_and_reports_the_tokens_it_used(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:
@@ -315,3 +346,38 @@ async def test_a_finished_turn_stores_and_reports_the_tokens_it_used(
     assert turn is not None and turn.usage is not None and turn.usage.completion_tokens == 3
     metrics = relay.relay.metrics.tokens
     assert metrics.labels("completion")._value.get() == 3 + estimated["completionTokens"]
+
+
+async def test_a_queued_order_survives_a_restart_of_a_relay_on_sqlite(
+    tmp_path: Path, openai_peer: OpenAIPeer, drone_process: Callable[..., Any]
+) -> None:
+    """The embedded default (one relay, SQLite): stopped and started again, it still has the
+    order, and runs it once a drone comes."""
+    config = RelayConfig(port=0, database=str(tmp_path / "queue.db"), drone_token=DRONE_TOKEN)
+    runner, port = await start_relay(config)
+    try:
+        token = await People(runner.app[RELAY].accounts).token("patient")
+        browser = await Browser(f"http://127.0.0.1:{port}", token).connect()
+        ack = await browser.submit("Whenever a drone comes")
+        await place_of(browser, ack["turnId"])
+        await browser.close()
+    finally:
+        await runner.cleanup()
+
+    runner, port = await start_relay(config)
+    try:
+        store = runner.app[RELAY].store
+        turn = await store.get_turn(ack["turnId"], messages=False)
+        assert turn is not None and turn.status == "queued"
+        drone_process(Upstream("openai", openai_peer), server=f"http://127.0.0.1:{port}")
+
+        async def finished() -> bool:
+            turn = await store.get_turn(ack["turnId"], messages=False)
+            return turn is not None and turn.status == "finished"
+
+        await eventually(finished, timeout=20, what="the queued order to run")
+        assert [r.messages[-1]["content"] for r in openai_peer.requests] == [
+            "Whenever a drone comes"
+        ]
+    finally:
+        await runner.cleanup()
