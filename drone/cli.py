@@ -221,6 +221,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_setting(
         parser,
+        "--cut-off",
+        env="HANGAR_CUT_OFF",
+        default="10",
+        check=seconds,
+        help="seconds out of touch with every relay after which running work orders are "
+        "aborted; above the relays' --drone-grace plus 5 (HANGAR_CUT_OFF; default "
+        "%(default)s; 0 for never)",
+    )
+    add_setting(
+        parser,
         "--stall",
         env="HANGAR_STALL",
         default="120",
@@ -244,6 +254,7 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
         workers=auto_workers(args.concurrency) if args.workers is None else args.workers,
         deadline=args.deadline or None,
         stall=args.stall or None,
+        cut_off=args.cut_off or None,
         workdir=args.workdir,
         tools=args.tools,
         approval_timeout=args.approval_timeout,

@@ -31,6 +31,10 @@ class DroneConfig:
     deadline: float | None = 1800.0
     stall: float | None = 120.0
     """Seconds a model stream may send nothing before the work order fails (None: no limit)."""
+    cut_off: float | None = 10.0
+    """Seconds out of touch with every relay after which the drone aborts what it runs: the
+    relays have ended those turns by then (``--drone-grace``, and 5 s more after a relay
+    restart). None: never."""
     max_retries: int = 2
     workdir: str | None = "."
     """Where the drone's tools read, write and run commands; None disables tools."""

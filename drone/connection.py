@@ -100,6 +100,8 @@ class RelayConnection:
         self.refusal: str | None = None
         self.refused = asyncio.Event()
         self.connected = asyncio.Event()
+        self.cut_off = asyncio.Event()
+        """Set while no relay hears this drone (from a lost connection until the next one)."""
         self.chunks_streamed = 0
         """Text chunks streamed from the model so far (about one token each)."""
         self.reports: dict[str, TurnReport] = {}
@@ -263,6 +265,7 @@ class RelayConnection:
 
     async def _on_connect(self) -> None:
         self.refusal = None
+        self.cut_off.clear()
         log.info("connected to relay %s as %s", self.url, self.record.drone_id)
         # The relay may have lost what streamed while this drone was away (a restart, another
         # relay): each running turn's text goes again, whole, before anything else of the turn;
@@ -288,6 +291,8 @@ class RelayConnection:
 
     async def _on_disconnect(self, *reason: Any) -> None:
         self.connected.clear()
+        if not self._closing:
+            self.cut_off.set()
         for answer in self._calls:
             if not answer.done():
                 answer.set_exception(ConnectionError("The connection to the relay dropped."))

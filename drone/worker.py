@@ -137,12 +137,35 @@ async def run_drone(config: DroneConfig, root: AbortController, live_status: boo
         reason = await connection.wait_refused()
         root.abort(AbortError(f"The relay refused this drone: {reason}", cause="relay"))
 
+    async def abort_when_cut_off(seconds: float) -> None:
+        while True:
+            await connection.cut_off.wait()
+            try:
+                await asyncio.wait_for(connection.connected.wait(), seconds)
+                continue
+            except TimeoutError:
+                pass
+            running = work.running_ids()
+            if running:
+                log.warning(
+                    "no relay heard from for %g s: aborting %d running work order%s",
+                    seconds,
+                    len(running),
+                    "" if len(running) == 1 else "s",
+                )
+            for turn_id in running:
+                work.abort(turn_id)
+            await connection.connected.wait()
+
     refused = asyncio.ensure_future(abort_when_refused())
+    cut_off = asyncio.ensure_future(abort_when_cut_off(config.cut_off)) if config.cut_off else None
     drawing = asyncio.ensure_future(StatusLine(connection, work).run()) if live_status else None
     try:
         await root.signal.wait()
     finally:
         refused.cancel()
+        if cut_off is not None:
+            cut_off.cancel()
         if drawing is not None:
             drawing.cancel()
         if work.running_ids():

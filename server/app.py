@@ -90,11 +90,12 @@ def open_store(database: str) -> TurnStore:
     return SqliteTurnStore(database.removeprefix("sqlite:///"))
 
 
-def open_live_state(redis: str | None, prefix: str) -> LiveState:
+def open_live_state(redis: str | None, prefix: str, presence: float = 0.0) -> LiveState:
+    """``presence``: how long this relay's drones stay listed for the others if it dies."""
     if redis:
         from .redis_state import RedisLiveState
 
-        return RedisLiveState(redis, prefix)
+        return RedisLiveState(redis, prefix, presence)
     return LocalLiveState()
 
 
@@ -127,7 +128,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     relay = Relay(
         store,
         sio,
-        open_live_state(config.redis, config.deployment()),
+        open_live_state(config.redis, config.deployment(), config.drone_grace),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,

@@ -87,6 +87,11 @@ class LiveState(Protocol):
 
     async def drones(self) -> list[DroneRoute]: ...
 
+    async def silent_drones(self) -> set[str]:
+        """Drones still listed whose relay stopped vouching for them (it died, say): silent
+        for the time that relay gave them, so their turns need no further wait."""
+        ...
+
     async def drone(self, drone_id: str) -> DroneRoute | None: ...
 
     async def append_text(self, turn_id: str, text: str) -> int:
@@ -146,6 +151,9 @@ class LocalLiveState:
         route = self.routes.get(drone_id)
         if route is not None and route.sid == sid:
             del self.routes[drone_id]
+
+    async def silent_drones(self) -> set[str]:
+        return set()  # one relay: its drones are the ones connected to it
 
     async def drones(self) -> list[DroneRoute]:
         return list(self.routes.values())

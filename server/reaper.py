@@ -5,7 +5,8 @@
 - orphans: a drone left while running turns and did not come back within ``drone_grace``;
   its turns end in error;
 - the sweep: every second, turns no live drone runs (their relay died, this relay restarted)
-  end once they have been missing for ``drone_grace``.
+  end once they have been missing for ``drone_grace``, or at once when their relay died (with
+  several relays its drones' entries in Redis last that relay's ``drone_grace`` unrefreshed).
 
 The sweep's work is proportional to what changed, not to the turns running: it judges presence
 once per drone, asks the store only for the processing turns of drones that are not present
@@ -172,6 +173,8 @@ class Reaper:
         run_by = [row["drone_id"] for row in await self.store.fetch(RUN_BY)]
         gone = [drone for drone in run_by if drone not in present]
         turns = await turns_of_drones(self.store, gone) if gone else []
+        # A drone whose relay died has been silent for as long as that relay's grace already.
+        silent = await self.live_state.silent_drones() if turns else set()
         now = time.monotonic()
         missing = {turn.turn_id: self.missing_since.get(turn.turn_id, now) for turn in turns}
         self.missing_since = missing
@@ -180,7 +183,8 @@ class Reaper:
                 continue
             restarted = turn.created_at < self.started_at
             waited = now - missing[turn.turn_id]
-            if waited >= self.drone_grace + (REJOIN_WINDOW if restarted else 0.0):
+            grace = 0.0 if turn.drone_id in silent else self.drone_grace
+            if waited >= grace + (REJOIN_WINDOW if restarted else 0.0):
                 ending = RELAY_RESTARTED if restarted else DRONE_LOST
                 await self.endings.end_turn(
                     turn.turn_id, lost(turn, ending, self.endings.abort_asked_by)

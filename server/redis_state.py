@@ -20,9 +20,10 @@ from .live_state import ENDED_READ, DroneRoute
 
 log = logging.getLogger("hangar.relay")
 
-PRESENCE_TTL = 10.0
-"""A drone entry not refreshed by its relay for this long is gone (its relay died)."""
-HEARTBEAT = 2.0
+HEARTBEAT = 1.0
+"""Seconds between a relay's refreshes of its drones' entries."""
+PRESENCE_FLOOR = 3 * HEARTBEAT
+"""A drone entry lasts at least three heartbeats: a relay late by one or two is not dead."""
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
 """Seconds a turn's waiting calls and a session's "always" approvals are kept at most."""
@@ -35,7 +36,7 @@ FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
 class RedisLiveState:
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, presence: float = PRESENCE_FLOOR) -> None:
         # Calls beyond the pool's connections wait for one (redis-py's default pool fails them).
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
@@ -46,6 +47,9 @@ class RedisLiveState:
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self.prefix = prefix
+        self.presence = max(presence, PRESENCE_FLOOR)
+        """Seconds an entry of this relay's lasts unrefreshed (its ``drone_grace``): a drone whose
+        relay died is gone for every relay within it."""
         self.local: dict[str, DroneRoute] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._ended_from = "0-0"
@@ -76,7 +80,7 @@ class RedisLiveState:
     async def add_drone(self, route: DroneRoute) -> None:
         self.local[route.drone_id] = route
         try:
-            await self.redis.hset(self.key("drones"), route.drone_id, _entry(route))
+            await self.redis.hset(self.key("drones"), route.drone_id, self._entry(route))
         except FAILURES:
             self._unreachable()  # the heartbeat writes it once Redis answers
 
@@ -98,6 +102,15 @@ class RedisLiveState:
             raise
         trusted = self._trusted_from
         return [route for text in entries.values() if (route := _alive(text, trusted))]
+
+    async def silent_drones(self) -> set[str]:
+        try:
+            entries = await self.redis.hgetall(self.key("drones"))
+        except FAILURES:
+            self._unreachable()
+            raise
+        trusted = self._trusted_from
+        return {_text(d) for d, text in entries.items() if _alive(text, trusted) is None}
 
     async def drone(self, drone_id: str) -> DroneRoute | None:
         try:
@@ -194,7 +207,7 @@ class RedisLiveState:
             try:
                 await self.redis.hset(
                     self.key("drones"),
-                    mapping={d: _entry(r) for d, r in self.local.items()},
+                    mapping={d: self._entry(r) for d, r in self.local.items()},
                 )
             except FAILURES:
                 self._unreachable()
@@ -203,6 +216,9 @@ class RedisLiveState:
                 self._reachable = True
                 log.warning("Redis answers again: this relay's drones are listed again")
 
+    def _entry(self, route: DroneRoute) -> str:
+        return json.dumps({**route.model_dump(), "seen": time.time(), "lasts": self.presence})
+
     def _unreachable(self) -> None:
         self._trusted_from = time.time()
         if self._reachable:
@@ -210,13 +226,11 @@ class RedisLiveState:
             log.warning("Redis does not answer; trying again every %g s", HEARTBEAT)
 
 
-def _entry(route: DroneRoute) -> str:
-    return json.dumps({**route.model_dump(), "seen": time.time()})
-
-
 def _alive(text: Any, trusted_from: float) -> DroneRoute | None:
+    """The drone of an entry, unless its relay has not refreshed it within the time it said."""
     fields = json.loads(text)
-    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > PRESENCE_TTL:
+    lasts = float(fields.pop("lasts", PRESENCE_FLOOR))
+    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > lasts:
         return None
     return DroneRoute.model_construct(**fields)
 

@@ -23,6 +23,7 @@ from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.connections import UNAVAILABLE
 from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.reaper import DRONE_LOST
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore
 from hangar.shared.protocol import (
@@ -347,6 +348,43 @@ async def test_a_failover_to_another_relay_leaves_no_hole_in_the_text(
         assert turn.status == "finished" and turn.text == reply_text(reply)
         assert roles(turn)[1:] == [("assistant", reply_text(reply))]
         assert browser.text(turn_id) == reply_text(reply)  # the page's copy has no hole either
+    finally:
+        await browser.close()
+        await store.close()
+
+
+async def test_a_drone_whose_only_relay_dies_is_noticed_within_the_grace_and_stops_streaming(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+) -> None:
+    """The drone knows one relay; the person is on another. The dead relay's drones are gone for
+    every relay once their entries are older than its grace (three heartbeats at least), and a
+    drone out of touch with every relay for --cut-off aborts what it runs."""
+    a = await relay_processes(drone_grace=3.0)
+    b = await relay_processes(drone_grace=3.0)
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(2000)], delay=0.03))  # a minute
+    drone_process(Upstream("openai", openai_peer), server=a.url, env={"HANGAR_CUT_OFF": "2"})
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Say a lot"))["turnId"]
+        await browser.wait_text(turn_id, pieces=3, timeout=10)
+        loop = asyncio.get_running_loop()
+
+        a.kill()
+        killed = loop.time()
+
+        assert await browser.completion(turn_id, timeout=15) == (turn_id, False, DRONE_LOST.result)
+        # Bound: the grace (3 s), the sweep's second, and a margin for a busy machine; it was
+        # the entry's fixed 10 s plus the grace.
+        assert loop.time() - killed < 3.0 + 1.0 + 1.5
+        assert (await stored(store, turn_id)).reason == "drone_lost"
+        await openai_peer.wait_for_disconnect(timeout=2.0 + 3.0)  # --cut-off, and a margin
+        assert not openai_peer.requests[0].completed
     finally:
         await browser.close()
         await store.close()
