@@ -26,6 +26,7 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
+    RAN_ALREADY,
     STOP_AFTER_STEP,
     ChatMessage,
     Ending,
@@ -190,6 +191,8 @@ class WorkerPool:
         turn_id = order.turn_id
         if turn_id in self.running:
             return {"ok": True}
+        if turn_id in self.ended:  # sent again after a lost answer: it has run here
+            return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted or self._closing:
             return {"ok": False, "error": "The drone is stopping."}
         if sum(not a.aborted for a in self.running.values()) >= self.concurrency:

@@ -28,6 +28,7 @@ from hangar.shared.protocol import (
     ABORTED,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
+    RAN_ALREADY,
     STALLED,
     STOP_AFTER_STEP,
     ChatMessage,
@@ -125,6 +126,8 @@ class AgentService:
         ``order`` has its whole history (``sent``, the relay's part of it, is not needed here)."""
         if order.turn_id in self.running:
             return {"ok": True}
+        if order.turn_id in self.ended:  # sent again after a lost answer: it has run here
+            return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted:
             return {"ok": False, "error": "The drone is stopping."}
         # An aborted work order only unwinds: its slot is free the moment the abort lands.

@@ -20,6 +20,7 @@ import socketio
 
 from hangar.shared.protocol import (
     HISTORY_MISS,
+    RAN_ALREADY,
     TURN_QUEUED,
     TURN_STARTED,
     WORK_ORDER,
@@ -44,6 +45,8 @@ BUSY = "The drone is busy."
 LEFT = "The drone left before it accepted the work order."
 """A drone whose connection closed while its order was on the way never ran it: back in line
 (should it have taken it after all, it is told to abort it when it reconnects)."""
+SENDS = 2
+"""Times a work order goes to its drone when no answer comes (within ``DRONE_CALL_TIMEOUT``)."""
 REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy this many times ends in error instead of waiting again."""
 COOLING = 1.0
@@ -165,8 +168,17 @@ class Dispatcher:
             self._refusals.pop(turn.turn_id, None)
             self.histories.accepted(route.drone_id, order)
             self.endings.started(turn)
+            try:  # so that a person's abort finds it while the database does not answer
+                await self.live_state.note_turn(
+                    turn.turn_id, turn.owner, turn.session_id, route.drone_id
+                )
+            except Exception as error:
+                failures.warning("turn=%s not noted in Redis (%s)", turn.turn_id, error)
             return
         reason = _refusal(answer)
+        if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
+            self.endings.started(turn)
+            return
         if reason in (BUSY, LEFT):
             await self._back_in_line(turn, reason)
             return
@@ -181,14 +193,22 @@ class Dispatcher:
             len(order.history),
             order.history_from,
         )
-        try:
-            return await self.directory.call(WORK_ORDER, order.wire(), route)
-        except socketio.exceptions.TimeoutError:
-            if not await self.directory.present(route.drone_id):
+        for attempt in range(SENDS):
+            try:
+                return await self.directory.call(WORK_ORDER, order.wire(), route)
+            except socketio.exceptions.TimeoutError:
+                # Lost on the way (the relays' channel was listening again only just after
+                # Redis came back, or the drone's relay died): sent again to where the drone is
+                # now; a drone that had it answers as before, one that ran it says so.
+                moved = await self.directory.route(route.drone_id)
+                if moved is None:
+                    return {"ok": False, "error": LEFT}
+                route = moved
+                if attempt + 1 < SENDS:
+                    log.info("work order turn=%s: no answer; sent again", order.turn_id)
+            except socketio.exceptions.SocketIOError:
                 return {"ok": False, "error": LEFT}
-            return {"ok": False, "error": "The drone did not accept the work order in time."}
-        except socketio.exceptions.SocketIOError:
-            return {"ok": False, "error": LEFT}
+        return {"ok": False, "error": "The drone did not accept the work order in time."}
 
     async def _back_in_line(self, turn: TurnRecord, why: str) -> None:
         assert self.endings is not None and turn.drone_id is not None

@@ -94,6 +94,31 @@ class LiveState(Protocol):
 
     async def drone(self, drone_id: str) -> DroneRoute | None: ...
 
+    async def drone_settled(self, drone_id: str, within: float) -> DroneRoute | None:
+        """The drone's route; while the drones listed are in doubt (Redis failed or came back
+        empty lately) waits up to ``within`` for its relay to list it again, and None after
+        that (or if Redis does not answer)."""
+        ...
+
+    def endings_in_doubt(self) -> bool:
+        """Whether endings other relays made may have been missed since ``endings_checked``
+        (Redis failed, or came back without its stream of ended turns)."""
+        ...
+
+    def endings_checked(self) -> None:
+        """This relay's live turns were checked against the store."""
+
+    def take_kept(self, turn_id: str) -> str:
+        """The text this relay kept of a turn it streamed ("" if none), forgotten now."""
+        ...
+
+    async def note_turn(self, turn_id: str, owner: str, session_id: str, drone_id: str) -> None:
+        """Whose a running turn is and where it runs, for a relay that cannot ask its database
+        (it is down or slow) when a person aborts the turn; dropped by ``forget_turn``."""
+
+    async def noted_turn(self, turn_id: str) -> tuple[str, str, str] | None:
+        """``note_turn``'s owner, session and drone of a running turn."""
+
     async def append_text(self, turn_id: str, text: str) -> int:
         """Add a text delta; returns its sequence number (1 for the turn's first)."""
 
@@ -160,6 +185,25 @@ class LocalLiveState:
 
     async def drone(self, drone_id: str) -> DroneRoute | None:
         return self.routes.get(drone_id)
+
+    async def drone_settled(self, drone_id: str, within: float) -> DroneRoute | None:
+        return self.routes.get(drone_id)
+
+    def endings_in_doubt(self) -> bool:
+        return False  # one relay makes every ending itself
+
+    def endings_checked(self) -> None:
+        pass
+
+    def take_kept(self, turn_id: str) -> str:
+        live = self.texts.pop(turn_id, None)
+        return live.value() if live is not None else ""
+
+    async def note_turn(self, turn_id: str, owner: str, session_id: str, drone_id: str) -> None:
+        pass  # one relay: its running turns are live here
+
+    async def noted_turn(self, turn_id: str) -> tuple[str, str, str] | None:
+        return None
 
     async def append_text(self, turn_id: str, text: str) -> int:
         live = self.texts.get(turn_id)

@@ -31,6 +31,7 @@ from .store import (
     closing_messages,
     end_turn_sql,
     end_turn_values,
+    filled_text,
     list_sessions_sql,
     turn_values,
 )
@@ -182,6 +183,25 @@ class PostgresTurnStore:
                 if count - 1 > number:
                     return True  # sent again after a lost ack: stored already
             await _insert_messages(db, turn_id, [message])
+            return True
+
+    async def fill_text(self, turn_id: str, text: str) -> bool:
+        async with self.pool.acquire() as db, db.transaction():
+            row = await db.fetchrow(
+                "SELECT status, text FROM turns WHERE turn_id = $1 FOR UPDATE", turn_id
+            )
+            if row is None or row["status"] not in ("aborted", "error"):
+                return False
+            found = await db.fetch(
+                "SELECT body FROM messages WHERE turn_id = $1 ORDER BY message_id", turn_id
+            )
+            messages = [ChatMessage.model_validate(json.loads(r["body"])) for r in found]
+            filled = filled_text(messages, row["text"] or "", _pg(text) or "")
+            if filled is None:
+                return False
+            added, whole = filled
+            await db.execute("UPDATE turns SET text = $1 WHERE turn_id = $2", whole, turn_id)
+            await _insert_messages(db, turn_id, added)
             return True
 
     async def end_turn(

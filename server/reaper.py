@@ -163,11 +163,39 @@ class Reaper:
             except Exception as error:  # the store or Redis is down: the next sweep tries again
                 failures.warning("sweep failed (%s: %s)", type(error).__name__, str(error)[:200])
 
+    async def _check_live_turns(self) -> None:
+        """Forget the live turns here that ended elsewhere while Redis could not say so (it
+        failed, or came back empty): their drone, reporting on, is then told to stop."""
+        assert self.endings is not None
+        live = list(self.endings.live)
+        for start in range(0, len(live), 500):
+            chunk = live[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self.store.fetch(
+                f"SELECT turn_id FROM turns WHERE status <> 'processing' AND turn_id IN ({marks})",
+                *chunk,
+            )
+            for row in rows:
+                turn_id = row["turn_id"]
+                if self.endings.live.pop(turn_id, None) is None:
+                    continue
+                # Its ending could not read the text from Redis: this relay has it.
+                kept = self.live_state.take_kept(turn_id)
+                filled = bool(kept) and await self.store.fill_text(turn_id, kept)
+                log.info(
+                    "turn=%s ended elsewhere while Redis was away%s",
+                    turn_id,
+                    "; its text stored" if filled else "",
+                )
+        self.live_state.endings_checked()
+
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
         assert self.endings is not None
         for turn_id in await self.live_state.ended_elsewhere():
             self.endings.live.pop(turn_id, None)
+        if self.live_state.endings_in_doubt():
+            await self._check_live_turns()
         present = set(self.directory.local)
         present.update(route.drone_id for route in await self.live_state.drones())
         run_by = [row["drone_id"] for row in await self.store.fetch(RUN_BY)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .live_state import ENDED_READ, DroneRoute
+from .live_state import ENDED_READ, DroneRoute, LiveText
 
 log = logging.getLogger("hangar.relay")
 
@@ -35,6 +35,16 @@ POOL_SIZE = 32
 FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
+class KeptText:
+    """A turn's text as this relay streamed it, and its length in UTF-8 bytes (as Redis counts)."""
+
+    __slots__ = ("size", "text")
+
+    def __init__(self) -> None:
+        self.text = LiveText()
+        self.size = 0
+
+
 class RedisLiveState:
     def __init__(self, url: str, prefix: str, presence: float = PRESENCE_FLOOR) -> None:
         # Calls beyond the pool's connections wait for one (redis-py's default pool fails them).
@@ -51,10 +61,13 @@ class RedisLiveState:
         """Seconds an entry of this relay's lasts unrefreshed (its ``drone_grace``): a drone whose
         relay died is gone for every relay within it."""
         self.local: dict[str, DroneRoute] = {}
+        self.kept: dict[str, KeptText] = {}
+        """This relay's copy of the text of each turn it streams."""
         self._heartbeat: asyncio.Task[None] | None = None
         self._ended_from = "0-0"
         """The last entry of the stream of ended turns this relay has read."""
         self._reachable = True
+        self._endings_doubted = False
         self._trusted_from = time.time()
         """Drone entries are judged by their age from here at most: after Redis failed (it
         stalled, or restarted empty) the relays need a heartbeat to write theirs again."""
@@ -103,6 +116,25 @@ class RedisLiveState:
         trusted = self._trusted_from
         return [route for text in entries.values() if (route := _alive(text, trusted))]
 
+    async def drone_settled(self, drone_id: str, within: float) -> DroneRoute | None:
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                route = await self.drone(drone_id)
+            except FAILURES:
+                route = None
+            settled = time.time() - self._trusted_from > PRESENCE_FLOOR
+            if route is not None or settled or time.monotonic() >= deadline:
+                return route
+            await asyncio.sleep(HEARTBEAT / 10)  # its relay writes it back within a heartbeat
+
+    def endings_in_doubt(self) -> bool:
+        return self._endings_doubted
+
+    def endings_checked(self) -> None:
+        if self._reachable:
+            self._endings_doubted = False
+
     async def silent_drones(self) -> set[str]:
         try:
             entries = await self.redis.hgetall(self.key("drones"))
@@ -121,28 +153,76 @@ class RedisLiveState:
         return _alive(text, self._trusted_from) if text else None
 
     async def append_text(self, turn_id: str, text: str) -> int:
-        """One string and a count per turn (not a list entry per delta), changed together."""
+        """One string and a count per turn (not a list entry per delta), changed together; and
+        a copy here, which writes the text back if Redis lost it (it came back empty)."""
+        kept = self.kept.get(turn_id)
+        if kept is None:
+            kept = self.kept[turn_id] = KeptText()
+        encoded = text.encode()
+        kept.text.append(text)
+        kept.size += len(encoded)
         body, count = self.key("livetext", turn_id), self.key("livecount", turn_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.append(body, text.encode())
+            pipe.append(body, encoded)
             pipe.incr(count)
             pipe.expire(body, KEPT_FOR)
             pipe.expire(count, KEPT_FOR)
-            _, seq, _, _ = await pipe.execute()
+            length, seq, _, _ = await pipe.execute()
+        if int(length) < kept.size:  # Redis lost what it held: it gets this relay's copy
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.set(body, kept.text.value().encode(), ex=KEPT_FOR)
+                pipe.set(count, kept.text.count, ex=KEPT_FOR)
+                await pipe.execute()
+            log.warning("live text of turn=%s written back to Redis", turn_id)
+            return kept.text.count
+        if int(length) > kept.size:  # another relay streamed the turn before (a failover)
+            whole, _ = await self.text(turn_id)
+            kept.text, kept.size = LiveText(), len(whole.encode())
+            kept.text.append(whole)
+        kept.text.count = int(seq)
         return int(seq)
 
     async def text(self, turn_id: str) -> tuple[str, int]:
-        body, count = await self.redis.mget(
-            self.key("livetext", turn_id), self.key("livecount", turn_id)
-        )
-        return (_text(body) if body else ""), int(count or 0)
+        kept = self.kept.get(turn_id)
+        try:
+            body, count = await self.redis.mget(
+                self.key("livetext", turn_id), self.key("livecount", turn_id)
+            )
+        except FAILURES:
+            if kept is None:
+                raise
+            return kept.text.value(), kept.text.count
+        stored = body.encode() if isinstance(body, str) else (body or b"")
+        if kept is not None and kept.size > len(stored):
+            return kept.text.value(), kept.text.count
+        return stored.decode(), int(count or 0)
+
+    async def note_turn(self, turn_id: str, owner: str, session_id: str, drone_id: str) -> None:
+        key = self.key("turn", turn_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"owner": owner, "session": session_id, "drone": drone_id})
+            pipe.expire(key, KEPT_FOR)
+            await pipe.execute()
+
+    async def noted_turn(self, turn_id: str) -> tuple[str, str, str] | None:
+        found: dict[Any, Any] = await self.redis.hgetall(self.key("turn", turn_id))
+        fields = {_text(k): _text(v) for k, v in found.items()}
+        if not {"owner", "session", "drone"} <= fields.keys():
+            return None
+        return fields["owner"], fields["session"], fields["drone"]
+
+    def take_kept(self, turn_id: str) -> str:
+        kept = self.kept.pop(turn_id, None)
+        return kept.text.value() if kept is not None else ""
 
     async def forget_turn(self, turn_id: str) -> None:
+        self.kept.pop(turn_id, None)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(
                 self.key("livetext", turn_id),
                 self.key("livecount", turn_id),
                 self.key("waiting", turn_id),
+                self.key("turn", turn_id),
             )
             pipe.xadd(self.key("ended"), {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
             await pipe.execute()
@@ -154,6 +234,7 @@ class RedisLiveState:
             for entry_id, fields in entries:
                 self._ended_from = _text(entry_id)
                 turns.append(_text(fields.get(b"turn") or fields.get("turn") or b""))
+                self.kept.pop(turns[-1], None)  # its ending read the text from Redis
         return turns
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
@@ -221,6 +302,7 @@ class RedisLiveState:
 
     def _unreachable(self) -> None:
         self._trusted_from = time.time()
+        self._endings_doubted = True
         if self._reachable:
             self._reachable = False
             log.warning("Redis does not answer; trying again every %g s", HEARTBEAT)

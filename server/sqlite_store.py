@@ -29,6 +29,7 @@ from .store import (
     closing_messages,
     end_turn_sql,
     end_turn_values,
+    filled_text,
     list_sessions_sql,
     turn_values,
 )
@@ -231,6 +232,23 @@ class SqliteTurnStore:
             return True
 
         return await self._write(add)
+
+    async def fill_text(self, turn_id: str, text: str) -> bool:
+        def fill(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT status, text FROM turns WHERE turn_id = ?", (turn_id,)
+            ).fetchone()
+            if row is None or row["status"] not in ("aborted", "error"):
+                return False
+            filled = filled_text(_messages_of(conn, turn_id), row["text"] or "", text)
+            if filled is None:
+                return False
+            added, whole = filled
+            conn.execute("UPDATE turns SET text = ? WHERE turn_id = ?", (whole, turn_id))
+            _insert_messages(conn, turn_id, added)
+            return True
+
+        return await self._write(fill)
 
     async def end_turn(
         self,

@@ -210,7 +210,9 @@ def closing_messages(
       any other ending.
 
     The text stored is the longer of the streamed text and the messages' (a relay that
-    restarted mid-turn may have lost the streamed text; the messages are durable).
+    restarted mid-turn may have lost the streamed text; the messages are durable), and the
+    messages' when the streamed text does not begin with theirs (Redis came back empty and
+    holds only what streamed since).
     """
     said = "".join(m.content for m in messages if m.role == "assistant")
     answered = {m.tool_call_id for m in messages if m.role == "tool"}
@@ -221,9 +223,26 @@ def closing_messages(
         for call in message.tool_calls or []
         if call.id not in answered
     ]
-    if status != "finished" and len(text) > len(said) and text.startswith(said):
+    if not text.startswith(said):
+        text = said  # the streamed text has a gap (Redis came back empty): the messages hold it
+    if status != "finished" and len(text) > len(said):
         added.append(ChatMessage(role="assistant", content=text[len(said) :], aborted=True))
     return added, text if len(text) > len(said) else said
+
+
+def filled_text(
+    messages: list[ChatMessage], stored: str, text: str
+) -> tuple[list[ChatMessage], str] | None:
+    """What an ended turn gains from a relay that kept more of its text than the ending had
+    (the turn was ended by another relay while Redis, which holds running turns' text, was
+    away): the rest as an assistant message flagged ``aborted``, and the whole text. None when
+    ``text`` does not extend what is stored."""
+    said = "".join(m.content for m in messages if m.role == "assistant")
+    if len(text) <= max(len(stored), len(said)) or not text.startswith(said):
+        return None
+    if not text.startswith(stored):
+        return None
+    return [ChatMessage(role="assistant", content=text[len(said) :], aborted=True)], text
 
 
 class Database(Protocol):
@@ -333,6 +352,11 @@ class TurnStore(Database, Protocol):
 
     async def append_messages(self, turn_id: str, messages: list[ChatMessage]) -> None:
         """Append finished messages to a turn's part of the conversation."""
+
+    async def fill_text(self, turn_id: str, text: str) -> bool:
+        """Give a turn that ended aborted or in error the text a relay kept of it, where it
+        extends what the ending stored (``filled_text``)."""
+        ...
 
     async def add_message(self, turn_id: str, message: ChatMessage, number: int | None) -> bool:
         """Append a drone's message to a processing turn; False (and nothing stored) once the

@@ -12,6 +12,7 @@ froze, or is away) has the turn ended by the relay, and is told when it is heard
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -56,6 +57,8 @@ log = logging.getLogger("hangar.relay")
 
 QUEUE_LIMIT = 20
 """Turns one person may have waiting at once."""
+STORE_WAIT = 1.0
+"""Seconds an abort waits for the database before it asks Redis whose the turn is."""
 ACCEPTED_REMEMBERED = 10_000
 """Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
@@ -152,7 +155,9 @@ class TurnLifecycle:
         self.abort_asked_by[turn.turn_id] = viewer.name
         self.dispatcher.background.spawn(queue.request_abort(self.store, turn.turn_id, viewer.name))
         route = self.directory.here(turn.drone_id or "") or (
-            await self.live_state.drone(turn.drone_id) if turn.drone_id else None
+            await self.live_state.drone_settled(turn.drone_id, self.abort_answer)
+            if turn.drone_id
+            else None
         )
         if route is None:
             # Its drone is away (maybe coming back): the abort is honoured now, and the drone
@@ -179,7 +184,18 @@ class TurnLifecycle:
             return TurnRecord(
                 live.turn_id, live.session_id, live.owner, "", "processing", drone_id=live.drone_id
             )
-        turn = await self.store.get_turn(request.turn_id, messages=False)
+        try:
+            async with asyncio.timeout(STORE_WAIT):
+                turn = await self.store.get_turn(request.turn_id, messages=False)
+        except Exception:  # the database is down or slow: Redis knows the running turns
+            noted = await self.live_state.noted_turn(request.turn_id)
+            if noted is None:
+                raise
+            owner, session_id, drone_id = noted
+            turn = TurnRecord(
+                request.turn_id, session_id, owner, "", "processing", drone_id=drone_id
+            )
+            log.info("abort turn=%s: the database does not answer; found in Redis", turn.turn_id)
         if turn is None or not viewer.may_see(turn.owner):
             return UNKNOWN_TURN
         return turn

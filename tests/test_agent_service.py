@@ -16,6 +16,7 @@ from hangar.drone.service import AgentService, ToolSettings
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.shared.abort import AbortController
 from hangar.shared.protocol import (
+    RAN_ALREADY,
     STALLED,
     TOOL_CANCELLED,
     ChatMessage,
@@ -175,6 +176,19 @@ async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_
 
     service.abort("t_1")
     assert await finished(recorder) == ("t_1", True, "aborted")
+
+
+async def test_an_order_sent_again_runs_once(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
+    """The relay sends an order again when its drone's answer was lost on the way."""
+    recorder = Recorder()
+    service = service_for(openai_peer, recorder, tmp_path)
+    openai_peer.script(Reply(chunks=["Once", " only."], delay=0.2))
+    assert service.accept(order("t_1", "Do it")) == {"ok": True}
+
+    assert service.accept(order("t_1", "Do it")) == {"ok": True}  # running: as before
+    assert await finished(recorder) == ("t_1", True, "Once only.")
+    assert service.accept(order("t_1", "Do it")) == {"ok": False, "error": RAN_ALREADY}
+    assert len(openai_peer.requests) == 1
 
 
 @pytest.mark.parametrize("stall_at", ["before the first chunk", "mid-answer"])
