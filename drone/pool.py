@@ -191,7 +191,7 @@ class WorkerPool:
         turn_id = order.turn_id
         if turn_id in self.running:
             return {"ok": True}
-        if turn_id in self.ended:  # sent again after a lost answer: it has run here
+        if order.resent and turn_id in self.ended:  # its answer was lost: it has run here
             return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted or self._closing:
             return {"ok": False, "error": "The drone is stopping."}

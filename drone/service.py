@@ -126,7 +126,7 @@ class AgentService:
         ``order`` has its whole history (``sent``, the relay's part of it, is not needed here)."""
         if order.turn_id in self.running:
             return {"ok": True}
-        if order.turn_id in self.ended:  # sent again after a lost answer: it has run here
+        if order.resent and order.turn_id in self.ended:  # its answer was lost: it ran here
             return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted:
             return {"ok": False, "error": "The drone is stopping."}

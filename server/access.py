@@ -192,7 +192,7 @@ class Access:
         """A login token for the demo user, for a visitor on this machine; else None."""
         if self.demo_user is None or not is_loopback(request.remote or ""):
             return None
-        if not is_loopback(_host_name(request.host)):
+        if not is_loopback(_host_name(request.headers.get("Host", ""))):
             return None  # a name that only points here (DNS rebinding) is not this machine's
         user = await self.accounts.user(self.demo_user)
         if user is None:

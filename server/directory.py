@@ -22,6 +22,8 @@ from .store import Database
 log = logging.getLogger("hangar.relay")
 
 DRONE_CALL_TIMEOUT = 10.0
+SENDS = 2
+"""Times a work order goes to its drone when no answer comes (within ``DRONE_CALL_TIMEOUT``)."""
 DRONES_COALESCE = 0.25
 LEFT_REMEMBERED = 1000
 

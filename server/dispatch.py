@@ -31,7 +31,7 @@ from hangar.shared.protocol import (
 
 from . import queue
 from .background import Background
-from .directory import DroneDirectory
+from .directory import SENDS, DroneDirectory
 from .histories import Histories
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveState
@@ -45,8 +45,6 @@ BUSY = "The drone is busy."
 LEFT = "The drone left before it accepted the work order."
 """A drone whose connection closed while its order was on the way never ran it: back in line
 (should it have taken it after all, it is told to abort it when it reconnects)."""
-SENDS = 2
-"""Times a work order goes to its drone when no answer comes (within ``DRONE_CALL_TIMEOUT``)."""
 REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy this many times ends in error instead of waiting again."""
 COOLING = 1.0
@@ -177,7 +175,7 @@ class Dispatcher:
             return
         reason = _refusal(answer)
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
-            self.endings.started(turn)
+            log.info("work order turn=%s ran on its first sending", turn.turn_id)
             return
         if reason in (BUSY, LEFT):
             await self._back_in_line(turn, reason)
@@ -206,6 +204,7 @@ class Dispatcher:
                 route = moved
                 if attempt + 1 < SENDS:
                     log.info("work order turn=%s: no answer; sent again", order.turn_id)
+                    order = order.model_copy(update={"resent": True})
             except socketio.exceptions.SocketIOError:
                 return {"ok": False, "error": LEFT}
         return {"ok": False, "error": "The drone did not accept the work order in time."}

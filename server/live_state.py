@@ -100,13 +100,19 @@ class LiveState(Protocol):
         that (or if Redis does not answer)."""
         ...
 
-    def endings_in_doubt(self) -> bool:
+    def endings_in_doubt(self) -> float | None:
         """Whether endings other relays made may have been missed since ``endings_checked``
-        (Redis failed, or came back without its stream of ended turns)."""
+        (Redis failed, or came back without its stream of ended turns): the time of the last
+        failure seen, else None."""
         ...
 
-    def endings_checked(self) -> None:
-        """This relay's live turns were checked against the store."""
+    def endings_checked(self, since: float) -> None:
+        """This relay's live turns were checked against the store, from a check that began
+        when ``endings_in_doubt`` said ``since``."""
+
+    def kept_turns(self) -> set[str]:
+        """Turns this relay keeps text of."""
+        ...
 
     def take_kept(self, turn_id: str) -> str:
         """The text this relay kept of a turn it streamed ("" if none), forgotten now."""
@@ -189,11 +195,14 @@ class LocalLiveState:
     async def drone_settled(self, drone_id: str, within: float) -> DroneRoute | None:
         return self.routes.get(drone_id)
 
-    def endings_in_doubt(self) -> bool:
-        return False  # one relay makes every ending itself
+    def endings_in_doubt(self) -> float | None:
+        return None  # one relay makes every ending itself
 
-    def endings_checked(self) -> None:
+    def endings_checked(self, since: float) -> None:
         pass
+
+    def kept_turns(self) -> set[str]:
+        return set()  # its text is the live state's own, dropped as the turn ends
 
     def take_kept(self, turn_id: str) -> str:
         live = self.texts.pop(turn_id, None)

@@ -16,6 +16,7 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
+from .closing import closing_messages, filled_text
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -28,10 +29,8 @@ from .store import (
     SessionGoneError,
     SessionRecord,
     TurnRecord,
-    closing_messages,
     end_turn_sql,
     end_turn_values,
-    filled_text,
     list_sessions_sql,
     turn_values,
 )

@@ -5,8 +5,9 @@
 - orphans: a drone left while running turns and did not come back within ``drone_grace``;
   its turns end in error;
 - the sweep: every second, turns no live drone runs (their relay died, this relay restarted)
-  end once they have been missing for ``drone_grace``, or at once when their relay died (with
-  several relays its drones' entries in Redis last that relay's ``drone_grace`` unrefreshed).
+  end once they have been missing for ``drone_grace``, or ``SILENT_REJOIN`` after their relay
+  died (with several relays its drones' entries in Redis last that relay's ``drone_grace``
+  unrefreshed).
 
 The sweep's work is proportional to what changed, not to the turns running: it judges presence
 once per drone, asks the store only for the processing turns of drones that are not present
@@ -35,6 +36,9 @@ log = logging.getLogger("hangar.relay")
 
 SWEEP_INTERVAL = 1.0
 REJOIN_WINDOW = 5.0
+SILENT_REJOIN = 1.0
+"""Seconds a drone whose relay died (its entry outlived that relay's grace) has on top to be
+back through another relay: it noticed as its entry aged, and reconnects within a second."""
 """Extra seconds drones get to find a relay that has just started (a drone tries again at
 least every 3 s) before the turns they ran end as "The relay restarted."."""
 failures = QuietLog(log)
@@ -163,7 +167,12 @@ class Reaper:
             except Exception as error:  # the store or Redis is down: the next sweep tries again
                 failures.warning("sweep failed (%s: %s)", type(error).__name__, str(error)[:200])
 
-    async def _check_live_turns(self) -> None:
+    async def _give_kept_text(self, turn_id: str) -> bool:
+        """Store the text this relay kept of a turn another relay ended, where it has more."""
+        kept = self.live_state.take_kept(turn_id)
+        return bool(kept) and await self.store.fill_text(turn_id, kept)
+
+    async def _check_live_turns(self, since: float) -> None:
         """Forget the live turns here that ended elsewhere while Redis could not say so (it
         failed, or came back empty): their drone, reporting on, is then told to stop."""
         assert self.endings is not None
@@ -180,22 +189,27 @@ class Reaper:
                 if self.endings.live.pop(turn_id, None) is None:
                     continue
                 # Its ending could not read the text from Redis: this relay has it.
-                kept = self.live_state.take_kept(turn_id)
-                filled = bool(kept) and await self.store.fill_text(turn_id, kept)
+                filled = await self._give_kept_text(turn_id)
                 log.info(
                     "turn=%s ended elsewhere while Redis was away%s",
                     turn_id,
                     "; its text stored" if filled else "",
                 )
-        self.live_state.endings_checked()
+        self.live_state.endings_checked(since)
 
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
         assert self.endings is not None
         for turn_id in await self.live_state.ended_elsewhere():
             self.endings.live.pop(turn_id, None)
-        if self.live_state.endings_in_doubt():
-            await self._check_live_turns()
+            await self._give_kept_text(turn_id)
+        doubt = self.live_state.endings_in_doubt()
+        if doubt is not None:
+            await self._check_live_turns(doubt)
+        kept = self.live_state.kept_turns()
+        if len(kept) > len(self.endings.live):  # streamed here, ended or moved elsewhere
+            for turn_id in kept - set(self.endings.live):
+                self.live_state.take_kept(turn_id)
         present = set(self.directory.local)
         present.update(route.drone_id for route in await self.live_state.drones())
         run_by = [row["drone_id"] for row in await self.store.fetch(RUN_BY)]
@@ -211,7 +225,7 @@ class Reaper:
                 continue
             restarted = turn.created_at < self.started_at
             waited = now - missing[turn.turn_id]
-            grace = 0.0 if turn.drone_id in silent else self.drone_grace
+            grace = SILENT_REJOIN if turn.drone_id in silent else self.drone_grace
             if waited >= grace + (REJOIN_WINDOW if restarted else 0.0):
                 ending = RELAY_RESTARTED if restarted else DRONE_LOST
                 await self.endings.end_turn(

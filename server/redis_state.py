@@ -22,8 +22,9 @@ log = logging.getLogger("hangar.relay")
 
 HEARTBEAT = 1.0
 """Seconds between a relay's refreshes of its drones' entries."""
-PRESENCE_FLOOR = 3 * HEARTBEAT
-"""A drone entry lasts at least three heartbeats: a relay late by one or two is not dead."""
+PRESENCE_FLOOR = 2 * HEARTBEAT + 2.0
+"""A drone entry lasts at least two heartbeats and a slow Redis write (``CALL_TIMEOUT``): a
+relay late by a beat, or whose Redis is slow, is not dead."""
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
 """Seconds a turn's waiting calls and a session's "always" approvals are kept at most."""
@@ -128,12 +129,15 @@ class RedisLiveState:
                 return route
             await asyncio.sleep(HEARTBEAT / 10)  # its relay writes it back within a heartbeat
 
-    def endings_in_doubt(self) -> bool:
-        return self._endings_doubted
+    def endings_in_doubt(self) -> float | None:
+        return self._trusted_from if self._endings_doubted else None
 
-    def endings_checked(self) -> None:
-        if self._reachable:
+    def endings_checked(self, since: float) -> None:
+        if self._reachable and self._trusted_from == since:  # no failure since the check began
             self._endings_doubted = False
+
+    def kept_turns(self) -> set[str]:
+        return set(self.kept)
 
     async def silent_drones(self) -> set[str]:
         try:
@@ -234,7 +238,6 @@ class RedisLiveState:
             for entry_id, fields in entries:
                 self._ended_from = _text(entry_id)
                 turns.append(_text(fields.get(b"turn") or fields.get("turn") or b""))
-                self.kept.pop(turns[-1], None)  # its ending read the text from Redis
         return turns
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:

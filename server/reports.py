@@ -31,7 +31,7 @@ from hangar.shared.protocol import (
     TurnStatus,
 )
 
-from .directory import DRONE_CALL_TIMEOUT
+from .directory import DRONE_CALL_TIMEOUT, SENDS
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveTurn
 from .store import Ending
@@ -84,11 +84,13 @@ class DroneReports:
                 continue
             started = turn.started_at or 0
             accepted = self.turns.accepted.get(turn.turn_id) == route.drone_id
-            if accepted or started < now - DRONE_CALL_TIMEOUT:
+            if accepted or started < now - SENDS * DRONE_CALL_TIMEOUT:
                 await self.turns.end_turn(turn.turn_id, NO_LONGER_RUN)
             else:  # its order may still be on its way: see again once it cannot be
                 check = partial(self._check_reported, turn.turn_id, route)
-                self.dispatcher.background.later(started + DRONE_CALL_TIMEOUT + 1 - now, check)
+                # An order is sent twice at most when no answer comes (``SENDS``).
+                wait = SENDS * DRONE_CALL_TIMEOUT + 1
+                self.dispatcher.background.later(started + wait - now, check)
         if to_abort:
             log.info("drone=%s is told to abort %d turns", route.drone_id, len(to_abort))
         self.dispatcher.wake()

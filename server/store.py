@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from hangar.shared.protocol import (
-    TOOL_CANCELLED,
-    TOOL_LOST,
     ChatMessage,
     EndReason,
     SessionView,
@@ -194,55 +192,6 @@ def end_turn_values(
         turn_id,
         *from_statuses,
     )
-
-
-def closing_messages(
-    messages: list[ChatMessage], text: str, status: TurnStatus
-) -> tuple[list[ChatMessage], str]:
-    """What an ending adds to a turn's messages so that the history stays a valid
-    conversation, and the text to store, whoever ends the turn (the drone, or the relay when the
-    drone was lost, did not answer, or the relay restarted).
-
-    - Text that streamed beyond what the messages hold (the drone was lost mid-answer) is kept
-      as an assistant message flagged ``aborted``: the person saw it, the next turn knows it.
-      (A finished turn's messages are the drone's own, complete.)
-    - Every tool call without a result gets one: "cancelled" for an abort, ``TOOL_LOST`` for
-      any other ending.
-
-    The text stored is the longer of the streamed text and the messages' (a relay that
-    restarted mid-turn may have lost the streamed text; the messages are durable), and the
-    messages' when the streamed text does not begin with theirs (Redis came back empty and
-    holds only what streamed since).
-    """
-    said = "".join(m.content for m in messages if m.role == "assistant")
-    answered = {m.tool_call_id for m in messages if m.role == "tool"}
-    result = TOOL_CANCELLED if status == "aborted" else TOOL_LOST
-    added = [
-        ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
-        for message in messages
-        for call in message.tool_calls or []
-        if call.id not in answered
-    ]
-    if not text.startswith(said):
-        text = said  # the streamed text has a gap (Redis came back empty): the messages hold it
-    if status != "finished" and len(text) > len(said):
-        added.append(ChatMessage(role="assistant", content=text[len(said) :], aborted=True))
-    return added, text if len(text) > len(said) else said
-
-
-def filled_text(
-    messages: list[ChatMessage], stored: str, text: str
-) -> tuple[list[ChatMessage], str] | None:
-    """What an ended turn gains from a relay that kept more of its text than the ending had
-    (the turn was ended by another relay while Redis, which holds running turns' text, was
-    away): the rest as an assistant message flagged ``aborted``, and the whole text. None when
-    ``text`` does not extend what is stored."""
-    said = "".join(m.content for m in messages if m.role == "assistant")
-    if len(text) <= max(len(stored), len(said)) or not text.startswith(said):
-        return None
-    if not text.startswith(stored):
-        return None
-    return [ChatMessage(role="assistant", content=text[len(said) :], aborted=True)], text
 
 
 class Database(Protocol):

@@ -37,7 +37,7 @@ from engineio import packet as eio_packet
 from engineio.async_drivers import aiohttp as aiohttp_driver
 from socketio import packet
 
-from hangar.shared.protocol import IDE_NAMESPACE, RESYNC
+from hangar.shared.protocol import IDE_NAMESPACE, RESYNC, RETRY_LATER
 
 from .limits import QuietLog
 
@@ -280,7 +280,7 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
             answer = handler(sid, decoded.data)
         except Exception as error:  # the relay's own trouble: one line, not a traceback
             inline_failures.warning("event failed (%s: %s)", type(error).__name__, error)
-            answer = {"ok": False, "error": "The relay could not handle this event."}
+            answer = {"ok": False, "error": RETRY_LATER, "retry": True}  # the drone sends it again
         if answer is None:
             return False
         if decoded.id is not None:

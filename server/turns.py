@@ -184,18 +184,23 @@ class TurnLifecycle:
             return TurnRecord(
                 live.turn_id, live.session_id, live.owner, "", "processing", drone_id=live.drone_id
             )
+        lookup = asyncio.ensure_future(self.store.get_turn(request.turn_id, messages=False))
         try:
-            async with asyncio.timeout(STORE_WAIT):
-                turn = await self.store.get_turn(request.turn_id, messages=False)
+            turn = await asyncio.wait_for(asyncio.shield(lookup), STORE_WAIT)
         except Exception:  # the database is down or slow: Redis knows the running turns
-            noted = await self.live_state.noted_turn(request.turn_id)
+            try:
+                noted = await self.live_state.noted_turn(request.turn_id)
+            except Exception:
+                noted = None
             if noted is None:
-                raise
-            owner, session_id, drone_id = noted
-            turn = TurnRecord(
-                request.turn_id, session_id, owner, "", "processing", drone_id=drone_id
-            )
-            log.info("abort turn=%s: the database does not answer; found in Redis", turn.turn_id)
+                turn = await lookup  # not running, or Redis cannot say: the database's answer
+            else:
+                lookup.add_done_callback(_quietly)
+                owner, session_id, drone_id = noted
+                turn = TurnRecord(
+                    request.turn_id, session_id, owner, "", "processing", drone_id=drone_id
+                )
+                log.info("abort turn=%s: the database is slow or down; Redis has it", turn.turn_id)
         if turn is None or not viewer.may_see(turn.owner):
             return UNKNOWN_TURN
         return turn
@@ -351,6 +356,12 @@ class TurnLifecycle:
         if turn.drone_id is not None and self.directory.here(turn.drone_id) is not None:
             live = LiveTurn(turn.turn_id, turn.session_id, turn.owner, turn.drone_id)
             self.live.setdefault(turn.turn_id, live)
+
+
+def _quietly(task: asyncio.Future[Any]) -> None:
+    """Take a finished lookup's outcome, which nobody awaits any more."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _brief(error: BaseException) -> str:

@@ -255,6 +255,9 @@ class WorkOrder(Wire):
     ``history_from`` messages from the history of this turn's order (one it ran in this
     session), then ``history``. A drone that no longer has it answers ``HISTORY_MISS``."""
     history_from: int = Field(default=0, ge=0)
+    resent: bool = False
+    """Sent again after no answer came: a drone that has run this turn already says so
+    (``RAN_ALREADY``) instead of running it again."""
 
 
 class ToolApproval(Wire):

@@ -179,16 +179,21 @@ async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_
 
 
 async def test_an_order_sent_again_runs_once(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
-    """The relay sends an order again when its drone's answer was lost on the way."""
+    """The relay sends an order again (``resent``) when its drone's answer was lost on the way;
+    an order put back in line and sent anew (the drone had dropped it) runs again."""
     recorder = Recorder()
     service = service_for(openai_peer, recorder, tmp_path)
-    openai_peer.script(Reply(chunks=["Once", " only."], delay=0.2))
+    openai_peer.script(Reply(chunks=["Once", " only."], delay=0.2), Reply(chunks=["Anew."]))
+    again = order("t_1", "Do it").model_copy(update={"resent": True})
     assert service.accept(order("t_1", "Do it")) == {"ok": True}
 
-    assert service.accept(order("t_1", "Do it")) == {"ok": True}  # running: as before
+    assert service.accept(again) == {"ok": True}  # running: as before
     assert await finished(recorder) == ("t_1", True, "Once only.")
-    assert service.accept(order("t_1", "Do it")) == {"ok": False, "error": RAN_ALREADY}
+    assert service.accept(again) == {"ok": False, "error": RAN_ALREADY}
     assert len(openai_peer.requests) == 1
+
+    assert service.accept(order("t_1", "Do it")) == {"ok": True}  # from the line: runs anew
+    assert await finished(recorder) == ("t_1", True, "Anew.")
 
 
 @pytest.mark.parametrize("stall_at", ["before the first chunk", "mid-answer"])

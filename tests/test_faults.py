@@ -23,7 +23,8 @@ from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.connections import UNAVAILABLE
 from hangar.server.postgres_store import PostgresTurnStore
-from hangar.server.reaper import DRONE_LOST
+from hangar.server.reaper import DRONE_LOST, SILENT_REJOIN
+from hangar.server.redis_state import PRESENCE_FLOOR
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore
 from hangar.shared.protocol import (
@@ -360,7 +361,7 @@ async def test_a_drone_whose_only_relay_dies_is_noticed_within_the_grace_and_sto
     postgres_url: str,
 ) -> None:
     """The drone knows one relay; the person is on another. The dead relay's drones are gone for
-    every relay once their entries are older than its grace (three heartbeats at least), and a
+    every relay once their entries are older than its grace (four seconds at least), and a
     drone out of touch with every relay for --cut-off aborts what it runs."""
     a = await relay_processes(drone_grace=3.0)
     b = await relay_processes(drone_grace=3.0)
@@ -379,9 +380,10 @@ async def test_a_drone_whose_only_relay_dies_is_noticed_within_the_grace_and_sto
         killed = loop.time()
 
         assert await browser.completion(turn_id, timeout=15) == (turn_id, False, DRONE_LOST.result)
-        # Bound: the grace (3 s), the sweep's second, and a margin for a busy machine; it was
-        # the entry's fixed 10 s plus the grace.
-        assert loop.time() - killed < 3.0 + 1.0 + 1.5
+        # Bound: the entry's life (the grace, 4 s at least), a second to come back through
+        # another relay, the sweep's second, and a margin for a busy machine; it was the entry's
+        # fixed 10 s plus the grace.
+        assert loop.time() - killed < PRESENCE_FLOOR + SILENT_REJOIN + 1.0 + 1.5
         assert (await stored(store, turn_id)).reason == "drone_lost"
         await openai_peer.wait_for_disconnect(timeout=2.0 + 3.0)  # --cut-off, and a margin
         assert not openai_peer.requests[0].completed
