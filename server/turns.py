@@ -244,7 +244,9 @@ class TurnLifecycle:
             message,
             (time.monotonic() - requested_at) * 1000,
         )
-        if success and mode == "now":
+        # A drone that says it runs no such turn ended it: its completion is on its way, or was
+        # lost (its first answer to the order was); either way the turn ends within the grace.
+        if mode == "now" and (success or message == NO_ACTIVE_WORK_ORDER):
             self.reaper.watch_abort(turn_id)
         return success, message
 

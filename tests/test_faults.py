@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+import socketio
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import OwnPostgres, OwnRedis, free_port
@@ -30,6 +31,8 @@ from hangar.server.store import TurnRecord, TurnStore
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    DRONE_NAMESPACE,
+    NO_ACTIVE_WORK_ORDER,
     RESYNC,
     TOOL_CANCELLED,
     TOOL_LOST,
@@ -41,6 +44,7 @@ from tests.conftest import (
     People,
     RelayHandle,
     Upstream,
+    drone_hello,
     eventually,
 )
 
@@ -205,6 +209,41 @@ async def test_an_abort_while_the_drone_is_away_mid_tool_cancels_the_tool_call(
     drone_process(Upstream("openai", openai_peer), server=relay.url, name="second")
     await eventually(lambda: relay.relay.directory.local, timeout=15, what="a second drone")
     await a_next_turn_works(browser, turn.session_id, openai_peer)
+
+
+async def test_a_turn_its_drone_says_it_no_longer_runs_ends_when_aborted(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A hand-driven drone takes an order, then, asked to abort, says it runs no such turn: as a
+    drone whose completion of the turn was lost. The turn does not stay processing."""
+    orders: asyncio.Queue[str] = asyncio.Queue()
+
+    def take(data: dict[str, Any]) -> dict[str, Any]:
+        orders.put_nowait(data["turnId"])
+        return {"ok": True}
+
+    drone = socketio.AsyncClient(reconnection=False)
+    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
+    drone.on("abortWorkOrder", lambda _: (False, NO_ACTIVE_WORK_ORDER), namespace=DRONE_NAMESPACE)
+    await drone.connect(
+        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("forgetful"), wait_timeout=5
+    )
+    try:
+        ack = await browser.submit("Lose my ending")
+        assert await asyncio.wait_for(orders.get(), 10) == ack["turnId"]
+
+        assert await browser.abort(ack["turnId"]) == (False, NO_ACTIVE_WORK_ORDER)
+
+        within = relay.config.abort_grace + 2.0  # the abort watchdog, and a margin
+        assert await browser.completion(ack["turnId"], timeout=within) == (
+            ack["turnId"],
+            True,
+            ABORTED,
+        )
+        turn = await stored(relay.relay.store, ack["turnId"])
+        assert (turn.status, turn.reason) == ("aborted", "unanswered")
+    finally:
+        await drone.disconnect()
 
 
 async def test_a_work_order_whose_drone_dies_before_accepting_it_runs_on_another(
