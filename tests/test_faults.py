@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -431,11 +432,15 @@ async def test_a_drone_whose_only_relay_dies_is_noticed_within_the_grace_and_sto
         await store.close()
 
 
+@pytest.mark.parametrize(
+    "how", [signal.SIGINT, signal.SIGTERM, "twice"], ids=["ctrl-c", "sigterm", "ctrl-c-twice"]
+)
 async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected(
     sqlite_relay: Start,
     drone_process: Start,
     openai_peer: OpenAIPeer,
     tmp_path: Path,
+    how: signal.Signals | str,
 ) -> None:
     openai_peer.script(SLOW)
     url, process, log = await sqlite_relay()
@@ -448,16 +453,59 @@ async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected
 
     loop = asyncio.get_running_loop()
     asked = loop.time()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT if how == "twice" else how)
+    if how == "twice":  # a second Ctrl-C does not wait for the first to finish
+        await eventually(lambda: "stopping" in log.read_text(), 5, "the stop to begin")
+        process.send_signal(signal.SIGINT)
     await asyncio.wait_for(process.wait(), 10)
 
     assert loop.time() - asked < 2.0  # the bound is the behaviour
-    assert process.returncode == 0
     lines = log.read_text().splitlines()
-    assert any("stopping" in line for line in lines), lines
     assert not [line for line in lines if "Traceback" in line or " ERROR " in line], lines
+    if how != "twice":
+        assert process.returncode == 0
+        assert any("stopping" in line for line in lines), lines
     for browser in browsers:
         await browser.close()
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    database = tmp_path / "demo.db"
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *HANGAR, "demo", "--port", "0", "--database", str(database),
+            "--workdir", str(tmp_path),
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        found = await eventually(
+            lambda: re.search(r"open (http://\S+)/ in your browser", log.read_text()),
+            30,
+            "the demo",
+        )
+        browser = await Browser(found.group(1), await person_token(database)).connect()
+        await eventually(lambda: _drones(browser), timeout=20, what="the demo's drone")
+        ack = await browser.submit("Tell me about abort")  # the demo model streams slowly
+        await browser.wait_text(ack["turnId"], pieces=2, timeout=10)
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+
+        process.send_signal(how)
+        await asyncio.wait_for(process.wait(), 10)
+
+        assert loop.time() - asked < 2.0  # the bound is the behaviour
+        assert process.returncode == 0
+        lines = log.read_text().splitlines()
+        assert not [line for line in lines if "Traceback" in line or " ERROR " in line], lines
+        await browser.close()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 # ---- Redis and PostgreSQL that stall or crash
