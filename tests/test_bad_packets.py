@@ -93,6 +93,50 @@ async def test_a_malformed_event_gets_an_error_ack_and_no_traceback(
     assert "Traceback" not in caplog.text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[123,{}]",
+        "not json",
+        DEEP,
+        '["workOrderProgress",123]',
+        '["workOrderProgress",{"turnId":"t_x","kind":"text","text":5}]',
+        '["workOrderProgress",{"turnId":"t_x","kind":"text","text":"a"},{"extra":1}]',
+        '["workOrderComplete","t_x"]',
+        '["workOrderComplete",1,2,3]',
+        '["workOrderComplete","t_x",true,"done",{"reason":"nonsense"}]',
+    ],
+    ids=[
+        "name-not-a-string",
+        "not-json",
+        "deep",
+        "progress-not-an-object",
+        "progress-text-not-a-string",
+        "progress-two-payloads",
+        "complete-too-few",
+        "complete-wrong-types",
+        "complete-bad-ending",
+    ],
+)
+async def test_a_drones_malformed_report_gets_an_error_ack_and_no_traceback(
+    relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture, body: str
+) -> None:
+    """A drone's reports are read in the connection's reader (docs/performance.md): a bad one
+    is refused there, and the drone's connection goes on."""
+    caplog.set_level(logging.DEBUG)
+    drone: RawSocket = await raw(f"0/drone,{json.dumps(drone_hello('sloppy-1'))}")
+
+    await drone.send(f"2/drone,7{body}")
+
+    answer = await drone.ack("/drone", 7)
+    assert isinstance(answer, list) and answer[0]["ok"] is False and answer[0]["error"], answer
+    assert "retry" not in answer[0]  # refused for good: sending it again would not help
+    await drone.send('2/drone,8["workOrderComplete","t_unknown",true,"done"]')
+    assert (await drone.ack("/drone", 8))[0]["ok"] is False  # answered: still connected
+    assert "sloppy-1" in relay.relay.directory.local
+    assert "Traceback" not in caplog.text
+
+
 async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
     relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
