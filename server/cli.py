@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -292,9 +293,16 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
     scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
     arguments += ["--workdir", workdir or str(scratch), "--log-level", log_level]
-    # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once.
+    # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once;
+    # a demo killed outright takes it along (SIGTERM: it still stops as if Ctrl-C'd).
     drone = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hangar.drone", *arguments, env=env, start_new_session=True
+        sys.executable,
+        "-m",
+        "hangar.drone",
+        *arguments,
+        env=env,
+        start_new_session=True,
+        preexec_fn=functools.partial(runtime.dies_with, os.getpid()),
     )
     try:
         if not await _drone_connected(runner, drone):

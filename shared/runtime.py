@@ -15,10 +15,12 @@ Two things keep an abort's latency flat under load:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import os
 import signal
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -80,3 +82,16 @@ def abort_on_signals(
 
     loop.add_signal_handler(signal.SIGINT, on_signal, interrupted)
     loop.add_signal_handler(signal.SIGTERM, on_signal, terminated or interrupted)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def dies_with(parent: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """In a child of ``parent``, before it runs its program (``preexec_fn``): receive ``sig``
+    when ``parent`` ends, however it ends (Linux; elsewhere nothing)."""
+    if sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)

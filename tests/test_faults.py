@@ -508,6 +508,45 @@ async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
             await process.wait()
 
 
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # the thread ended while it was read
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_a_demo_killed_outright_takes_its_drone_with_it(tmp_path: Path) -> None:
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"),
+            "--workdir", str(tmp_path),
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        await eventually(lambda: "in your browser" in log.read_text(), 30, "the demo")
+        (drone,) = children_of(process.pid)
+
+        process.kill()
+        await process.wait()
+
+        await eventually(lambda: not alive(drone), 10, "the demo's drone to stop")
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 # ---- Redis and PostgreSQL that stall or crash
 
 
