@@ -108,12 +108,17 @@ class RedisLiveState:
         except FAILURES:
             self._unreachable()  # its entry expires by itself
 
-    async def drones(self) -> list[DroneRoute]:
+    async def _entries(self) -> dict[Any, Any]:
+        """Every drone entry, by drone id (raises, noting it, when Redis does not answer)."""
         try:
-            entries = await self.redis.hgetall(self.key("drones"))
+            entries: dict[Any, Any] = await self.redis.hgetall(self.key("drones"))
         except FAILURES:
             self._unreachable()
             raise
+        return entries
+
+    async def drones(self) -> list[DroneRoute]:
+        entries = await self._entries()
         trusted = self._trusted_from
         return [route for text in entries.values() if (route := _alive(text, trusted))]
 
@@ -140,11 +145,7 @@ class RedisLiveState:
         return set(self.kept)
 
     async def silent_drones(self) -> set[str]:
-        try:
-            entries = await self.redis.hgetall(self.key("drones"))
-        except FAILURES:
-            self._unreachable()
-            raise
+        entries = await self._entries()
         trusted = self._trusted_from
         return {_text(d) for d, text in entries.items() if _alive(text, trusted) is None}
 

@@ -47,23 +47,30 @@ CLOSED_WITHIN = 0.04
 """Seconds from a browser's abort to the model service seeing its stream closed."""
 
 
-def worker_pids(parent: int | None = None) -> list[int]:
-    """The worker processes of the drone process ``parent`` (default: this test process, where
-    the drones of ``start_drone`` run)."""
-    parent = parent or os.getpid()
+def children_of(parent: int) -> list[int]:
+    """The processes ``parent`` started that still run (or have yet to be reaped)."""
     found = []
     for task in os.listdir(f"/proc/{parent}/task"):
         try:  # a thread or a child may end while it is read
-            children = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+            found += [
+                int(pid) for pid in Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+            ]
         except FileNotFoundError:
             continue
-        for pid in children:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except FileNotFoundError:
-                continue
-            if b"hangar.drone.worker_process" in cmdline:
-                found.append(int(pid))
+    return found
+
+
+def worker_pids(parent: int | None = None) -> list[int]:
+    """The worker processes of the drone process ``parent`` (default: this test process, where
+    the drones of ``start_drone`` run)."""
+    found = []
+    for pid in children_of(parent or os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"hangar.drone.worker_process" in cmdline:
+            found.append(pid)
     return found
 
 

@@ -48,6 +48,7 @@ from tests.conftest import (
     drone_hello,
     eventually,
 )
+from tests.test_drone_workers import alive, children_of
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
 Start = Callable[..., Any]
@@ -469,25 +470,29 @@ async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected
         await browser.close()
 
 
+async def start_demo(tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, str]:
+    """``hangar demo`` on SQLite in ``tmp_path``, once it says where to open it; its log, URL."""
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"),
+            "--workdir", str(tmp_path),
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    found = await eventually(
+        lambda: re.search(r"open (http://\S+)/ in your browser", log.read_text()), 30, "the demo"
+    )
+    return process, log, found.group(1)
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
     tmp_path: Path, how: signal.Signals
 ) -> None:
     database = tmp_path / "demo.db"
-    log = tmp_path / "demo.log"
-    with log.open("wb") as out:
-        process = await asyncio.create_subprocess_exec(
-            *HANGAR, "demo", "--port", "0", "--database", str(database),
-            "--workdir", str(tmp_path),
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process, log, url = await start_demo(tmp_path)
     try:
-        found = await eventually(
-            lambda: re.search(r"open (http://\S+)/ in your browser", log.read_text()),
-            30,
-            "the demo",
-        )
-        browser = await Browser(found.group(1), await person_token(database)).connect()
+        browser = await Browser(url, await person_token(database)).connect()
         await eventually(lambda: _drones(browser), timeout=20, what="the demo's drone")
         ack = await browser.submit("Tell me about abort")  # the demo model streams slowly
         await browser.wait_text(ack["turnId"], pieces=2, timeout=10)
@@ -508,33 +513,9 @@ async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
             await process.wait()
 
 
-def children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:  # the thread ended while it was read
-            continue
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
-    except OSError:
-        return False
-
-
 async def test_a_demo_killed_outright_takes_its_drone_with_it(tmp_path: Path) -> None:
-    log = tmp_path / "demo.log"
-    with log.open("wb") as out:
-        process = await asyncio.create_subprocess_exec(
-            *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"),
-            "--workdir", str(tmp_path),
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process, _, _ = await start_demo(tmp_path)
     try:
-        await eventually(lambda: "in your browser" in log.read_text(), 30, "the demo")
         (drone,) = children_of(process.pid)
 
         process.kill()

@@ -271,6 +271,28 @@ async def test_an_abort_ended_by_the_drone_or_the_relay_says_why_in_yellow(
     await assert_idle_controls(page)
 
 
+async def a_command_running(
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    tmp_path: Path,
+    command: str,
+) -> tuple[Locator, str, Locator]:
+    """A turn whose model asks for ``command`` (then, if asked again, answers what a stop
+    should prevent), shown once the command runs: the turn, its id, its tool line."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": command})]),
+        Reply(chunks=["A second model call the stop should prevent."]),
+    )
+    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Run a slow command")
+    tool = turn.locator(".tool")
+    await expect(tool).to_have_attribute("data-state", "start", timeout=WAIT_MS)
+    return turn, await turn_id_of(turn), tool
+
+
 async def test_stop_after_this_step_keeps_the_running_tools_result(
     page: Page,
     relay: RelayHandle,
@@ -278,17 +300,9 @@ async def test_stop_after_this_step_keeps_the_running_tools_result(
     start_drone: Callable[..., Any],
     tmp_path: Path,
 ) -> None:
-    slow_tool = ScriptedToolCall("run_shell", {"command": "sleep 1; echo done"})
-    openai_peer.script(
-        Reply(chunks=[], tool_calls=[slow_tool]),
-        Reply(chunks=["A second model call the stop should prevent."]),
+    turn, turn_id, tool = await a_command_running(
+        page, relay, openai_peer, start_drone, tmp_path, "sleep 1; echo done"
     )
-    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
-    await open_hangar(page, relay)
-    turn = await submit(page, "Run a slow command")
-    turn_id = await turn_id_of(turn)
-    tool = turn.locator(".tool")
-    await expect(tool).to_have_attribute("data-state", "start", timeout=WAIT_MS)
     stop = page.locator("#stop-after-step")
     await expect(stop).to_have_text("Stop after this step")
 
@@ -316,14 +330,9 @@ async def test_stop_now_after_stop_after_this_step_aborts_at_once(
     start_drone: Callable[..., Any],
     tmp_path: Path,
 ) -> None:
-    long_tool = ScriptedToolCall("run_shell", {"command": "sleep 60; echo never"})
-    openai_peer.script(Reply(chunks=[], tool_calls=[long_tool]), Reply(chunks=["Never asked."]))
-    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
-    await open_hangar(page, relay)
-    turn = await submit(page, "Run a very slow command")
-    turn_id = await turn_id_of(turn)
-    tool = turn.locator(".tool")
-    await expect(tool).to_have_attribute("data-state", "start", timeout=WAIT_MS)
+    turn, turn_id, _ = await a_command_running(
+        page, relay, openai_peer, start_drone, tmp_path, "sleep 60; echo never"
+    )
     stop = page.locator("#stop-after-step")
     await stop.click()
     await expect(stop).to_have_text("Stop now")
