@@ -129,6 +129,38 @@ async def test_a_browser_that_stops_reading_costs_the_relay_a_bounded_memory_and
         await drone.close()
 
 
+FLOOD = 10_000
+
+
+async def test_a_drone_flooding_text_reaches_a_reading_browser_whole_and_in_order(
+    relay_process: tuple[str, int, str],
+) -> None:
+    """The relay reads a drone's frames in runs, as many as have arrived, and between runs
+    lets its writers send: a browser that keeps reading gets every delta, in order, and is
+    never told to resync (read without a pause, 10,000 deltas outran the browser's queue and
+    it lost four fifths of them)."""
+    url, _, token = relay_process
+    drone = await TextDrone(url, DRONE_TOKEN).connect()
+    reader = await Browser(url, token).connect()
+    try:
+        await reader.submit("Stream as fast as you can")
+        turn_id = await asyncio.wait_for(drone.orders.get(), 10)
+        for i in range(FLOOD):  # no waiting for the relay's answers
+            delta = {"kind": "text", "turnId": turn_id, "text": f"{i} ", "depth": 0}
+            await drone.client.emit("workOrderProgress", delta, namespace="/drone")
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # the client's writer sends what is queued
+        await drone.client.emit("workOrderComplete", (turn_id, True, "done"), namespace="/drone")
+
+        assert await reader.completion(turn_id, timeout=60) == (turn_id, True, "done")
+        assert reader.text(turn_id) == "".join(f"{i} " for i in range(FLOOD))
+        assert [p["seq"] for p in reader.progress(turn_id)] == list(range(1, FLOOD + 1))
+        assert not [event for event, _ in reader.events if event == "resync"]
+    finally:
+        await reader.close()
+        await drone.close()
+
+
 # ---- the live text
 
 
