@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
@@ -39,18 +40,25 @@ MIGRATIONS = migrations("sqlite")
 
 
 class SqliteTurnStore:
-    """Every statement runs on one thread of the store's own, one call per operation.
+    """Every statement runs on one thread of the store's own.
 
-    A write and its commit run together in one call, so no caller's commit can publish another's
-    half-done change and nothing needs a lock on the event loop; a failed write is rolled back
-    before the next call starts. Each operation costs the event loop one hand-over to the thread
-    and back.
+    A write and its commit run on that thread together, so no caller's commit can publish
+    another's half-done change and nothing needs a lock on the event loop. Writes that arrive
+    while the thread is busy are committed together once it is free (a group commit): each in a
+    savepoint of its own, so one that fails is rolled back alone and the others stand, and the
+    batch is answered in one hand-over to the event loop. A burst of endings then costs one
+    commit and one wake-up of the loop, not one each.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._writes: list[_Write[Any]] = []
+        """Writes waiting for the thread (appended on the loop, taken on the thread)."""
+        self._writes_lock = threading.Lock()
+        self._draining = False
+        """A batch is on its way to the thread and has not taken the waiting writes yet."""
 
     async def open(self) -> None:
         if self.path != ":memory:":
@@ -92,19 +100,55 @@ class SqliteTurnStore:
         return await asyncio.get_running_loop().run_in_executor(self._thread, work)
 
     async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` and commit it, or roll it back if it fails, in one call on the thread."""
+        """Run ``work`` and commit it, or roll it back if it fails, on the thread (committed
+        with the writes waiting beside it)."""
+        if self._thread is None:
+            raise RuntimeError("The store is not open.")
+        write: _Write[T] = _Write(work, asyncio.get_running_loop().create_future())
+        with self._writes_lock:
+            self._writes.append(write)
+            start, self._draining = not self._draining, True
+        if start:
+            self._thread.submit(self._commit_waiting, asyncio.get_running_loop())
+        return await write.done
 
-        def transaction() -> T:
+    def _commit_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the thread: every waiting write in one transaction, a savepoint each."""
+        with self._writes_lock:
+            waiting, self._writes, self._draining = self._writes, [], False
+        batch = [write for write in waiting if not write.done.cancelled()]  # its caller left
+        if not batch:
+            return
+        answers: list[tuple[_Write[Any], Any, BaseException | None]] = []
+        try:
             conn = self.conn
-            try:
-                result = work(conn)
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
-            return result
-
-        return await self._call(transaction)
+            if len(batch) == 1:
+                write = batch[0]
+                try:
+                    answers.append((write, write.work(conn), None))
+                except BaseException as error:
+                    conn.rollback()
+                    answers.append((write, None, error))
+                else:
+                    conn.commit()
+            else:
+                conn.execute("BEGIN")
+                for write in batch:
+                    conn.execute("SAVEPOINT hangar_write")
+                    try:
+                        result = write.work(conn)
+                    except BaseException as error:
+                        conn.execute("ROLLBACK TO hangar_write")
+                        answers.append((write, None, error))
+                    else:
+                        answers.append((write, result, None))
+                    conn.execute("RELEASE hangar_write")
+                conn.commit()
+        except BaseException as error:  # the commit (or the connection) failed: none stands
+            if self._conn is not None:
+                self._conn.rollback()
+            answers = [(write, None, error) for write in batch]
+        loop.call_soon_threadsafe(_answer, answers)
 
     async def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         return await self._call(lambda: self.conn.execute(sql, parameters).fetchall())
@@ -297,6 +341,23 @@ class SqliteTurnStore:
             return claimed
 
         return await self._write(claim)
+
+
+@dataclass(frozen=True)
+class _Write(Generic[T]):
+    work: Callable[[sqlite3.Connection], T]
+    done: asyncio.Future[T]
+
+
+def _answer(answers: list[tuple[_Write[Any], Any, BaseException | None]]) -> None:
+    """On the loop: each write's caller gets its result or its error."""
+    for write, result, error in answers:
+        if write.done.cancelled():
+            continue
+        if error is not None:
+            write.done.set_exception(error)
+        else:
+            write.done.set_result(result)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
