@@ -68,7 +68,9 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
         waits = [b.first_progress[t].wait() for t, b in owner.items()]
         await asyncio.wait_for(asyncio.gather(*waits), 60)
         quiet = await wait_quiet()
-        spies = [py_spy(stack, t, 3, "burst") for t in (relay_proc, drones[0]) if profile]
+        spies = [
+            py_spy(stack, t, 3, "burst", t is drones[0]) for t in (relay_proc, drones[0]) if profile
+        ]
         if spies:
             await asyncio.sleep(0.5)  # py-spy attached
         turns = list(owner)
