@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
 from .closing import closing_messages, filled_text
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
+from .sqlite_writes import GroupCommit
 from .store import (
     INSERT_TURN,
     RECENT_TURNS,
@@ -43,22 +43,15 @@ class SqliteTurnStore:
     """Every statement runs on one thread of the store's own.
 
     A write and its commit run on that thread together, so no caller's commit can publish
-    another's half-done change and nothing needs a lock on the event loop. Writes that arrive
-    while the thread is busy are committed together once it is free (a group commit): each in a
-    savepoint of its own, so one that fails is rolled back alone and the others stand, and the
-    batch is answered in one hand-over to the event loop. A burst of endings then costs one
-    commit and one wake-up of the loop, not one each.
+    another's half-done change and nothing needs a lock on the event loop; writes that arrive
+    while the thread is busy are committed together once it is free (``sqlite_writes``).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
-        self._writes: list[_Write[Any]] = []
-        """Writes waiting for the thread (appended on the loop, taken on the thread)."""
-        self._writes_lock = threading.Lock()
-        self._draining = False
-        """A batch is on its way to the thread and has not taken the waiting writes yet."""
+        self._writes = GroupCommit(lambda: self.conn)
 
     async def open(self) -> None:
         if self.path != ":memory:":
@@ -101,54 +94,10 @@ class SqliteTurnStore:
 
     async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``work`` and commit it, or roll it back if it fails, on the thread (committed
-        with the writes waiting beside it)."""
+        with the writes that wait beside it: ``sqlite_writes``)."""
         if self._thread is None:
             raise RuntimeError("The store is not open.")
-        write: _Write[T] = _Write(work, asyncio.get_running_loop().create_future())
-        with self._writes_lock:
-            self._writes.append(write)
-            start, self._draining = not self._draining, True
-        if start:
-            self._thread.submit(self._commit_waiting, asyncio.get_running_loop())
-        return await write.done
-
-    def _commit_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the thread: every waiting write in one transaction, a savepoint each."""
-        with self._writes_lock:
-            waiting, self._writes, self._draining = self._writes, [], False
-        batch = [write for write in waiting if not write.done.cancelled()]  # its caller left
-        if not batch:
-            return
-        answers: list[tuple[_Write[Any], Any, BaseException | None]] = []
-        try:
-            conn = self.conn
-            if len(batch) == 1:
-                write = batch[0]
-                try:
-                    answers.append((write, write.work(conn), None))
-                except BaseException as error:
-                    conn.rollback()
-                    answers.append((write, None, error))
-                else:
-                    conn.commit()
-            else:
-                conn.execute("BEGIN")
-                for write in batch:
-                    conn.execute("SAVEPOINT hangar_write")
-                    try:
-                        result = write.work(conn)
-                    except BaseException as error:
-                        conn.execute("ROLLBACK TO hangar_write")
-                        answers.append((write, None, error))
-                    else:
-                        answers.append((write, result, None))
-                    conn.execute("RELEASE hangar_write")
-                conn.commit()
-        except BaseException as error:  # the commit (or the connection) failed: none stands
-            if self._conn is not None:
-                self._conn.rollback()
-            answers = [(write, None, error) for write in batch]
-        loop.call_soon_threadsafe(_answer, answers)
+        return await self._writes.write(self._thread, work)
 
     async def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[sqlite3.Row]:
         return await self._call(lambda: self.conn.execute(sql, parameters).fetchall())
@@ -341,23 +290,6 @@ class SqliteTurnStore:
             return claimed
 
         return await self._write(claim)
-
-
-@dataclass(frozen=True)
-class _Write(Generic[T]):
-    work: Callable[[sqlite3.Connection], T]
-    done: asyncio.Future[T]
-
-
-def _answer(answers: list[tuple[_Write[Any], Any, BaseException | None]]) -> None:
-    """On the loop: each write's caller gets its result or its error."""
-    for write, result, error in answers:
-        if write.done.cancelled():
-            continue
-        if error is not None:
-            write.done.set_exception(error)
-        else:
-            write.done.set_result(result)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

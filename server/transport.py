@@ -32,21 +32,17 @@ from typing import Any
 
 import engineio
 import socketio
-from aiohttp import web
-from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
-from engineio.async_drivers import aiohttp as aiohttp_driver
 from socketio import packet
 
 from hangar.shared.protocol import IDE_NAMESPACE, RESYNC, RETRY_LATER
 
 from .limits import QuietLog
+from .websocket import PromptCloseWebSocket
 
 log = logging.getLogger("hangar.relay")
 
 MAX_MALFORMED = 20
-CLOSE_WITHIN = 1.0
-"""Seconds a closing websocket waits for the peer's answer before its connection is cut."""
 LOG_EVERY = 10.0
 RESERVED = frozenset(
     {"connect", "connect_error", "disconnect", "disconnecting", "newListener", "removeListener"}
@@ -60,8 +56,6 @@ _HEAD = re.compile(r"^(\d)(?:\d+-)?(/[^,]*,)?(\d{1,15})?")
 BEHIND_EVENTS = 1000
 BEHIND_BYTES = 2_000_000
 """Events (or characters of them) queued for one browser past which it is told to resync."""
-READ_RUN = 32
-"""Frames a connection's reader hands on before it lets the rest of the relay run."""
 STUCK_BYTES = 32_000_000
 """Characters queued for one connection past which it is dropped (answers it never reads)."""
 BROWSER_EVENT = f"{packet.EVENT}{IDE_NAMESPACE},"
@@ -119,174 +113,6 @@ class SendQueue(asyncio.Queue[Any]):
         for _ in range(dropped):
             self.task_done()
         return dropped
-
-
-class PromptCloseWebSocket(aiohttp_driver.WebSocket):  # type: ignore[misc]
-    """engine.io's aiohttp websocket, whose close waits ``CLOSE_WITHIN`` (not aiohttp's 10 s)
-    for the peer's answer: a peer that stopped reading (a frozen drone) is cut off within a
-    second, so it sees its connection end the moment it runs again."""
-
-    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
-        request = environ["aiohttp.request"]
-        self._sock = web.WebSocketResponse(
-            max_msg_size=self.server.max_http_buffer_size, timeout=CLOSE_WITHIN
-        )
-        await self._sock.prepare(request)
-        self.environ = environ
-        await serve_websocket(self.handler.__self__, self)
-        return self._sock
-
-
-async def serve_websocket(sock: Any, ws: PromptCloseWebSocket) -> None:
-    """engine.io's websocket handler for one connection (``AsyncSocket._websocket_handler``),
-    with a reader and a writer that spend no task, ``wait_for`` or timer per message.
-
-    engine.io's own reader starts a task and an ``asyncio.wait_for`` for every frame it reads,
-    and its writer another for every wait on its queue: each message then costs a turn of the
-    loop or more. Here the reader takes every frame aiohttp has already buffered in one go (a
-    drone's reports, in the order they came), and the writer sends everything queued before it
-    waits again. Both keep engine.io's timeouts: a connection silent for a ping interval and a
-    ping timeout is closed (one timer, re-armed only when it comes due)."""
-    server = sock.server
-    limit = server.ping_interval + server.ping_timeout
-    if sock.connected:  # an upgrade from long-polling, as engine.io does it
-        sock.upgrading = True  # packets wait in the queue until the upgrade ends
-        try:
-            probe = eio_packet.Packet(encoded_packet=await ws.wait())
-            if probe.packet_type != eio_packet.PING or probe.data != "probe":
-                sock.upgrading = False
-                return
-            await ws.send(eio_packet.Packet(eio_packet.PONG, data="probe").encode())
-            await sock.queue.put(eio_packet.Packet(eio_packet.NOOP))  # ends the long-poll
-            upgrade = eio_packet.Packet(encoded_packet=await ws.wait())
-        except (OSError, ValueError, TypeError, IndexError):
-            sock.upgrading = False
-            return
-        if upgrade.packet_type != eio_packet.UPGRADE:
-            sock.upgraded = sock.upgrading = False
-            return
-        sock.upgraded = True
-        sock.upgrading = False
-    else:
-        sock.connected = sock.upgraded = True
-
-    queue: SendQueue = sock.queue
-
-    async def writer() -> None:
-        frames = ws._sock._writer  # aiohttp's frame writer: what it writes goes to its transport
-        while True:
-            try:
-                item = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                try:
-                    async with asyncio.timeout(limit):
-                        item = await queue.get()
-                except (TimeoutError, asyncio.CancelledError):
-                    break
-            queue.task_done()
-            batch = [item]
-            while item is not None and not queue.empty():
-                item = queue.get_nowait()
-                queue.task_done()
-                batch.append(item)
-            try:
-                with _Corked(frames):
-                    for item in batch:
-                        if item is None:  # the connection ends
-                            break
-                        await ws.send(item.encode())
-            except Exception:
-                break
-            if item is None:
-                break
-        await ws.close()
-
-    writing = asyncio.ensure_future(writer())
-    await _read(sock, ws._sock, limit, server.max_http_buffer_size)
-    await queue.put(None)  # the writer ends
-    await writing
-    await sock.close(wait=False, abort=True, reason=server.reason.TRANSPORT_CLOSE)
-
-
-class _Corked:
-    """A websocket's frames written in one piece: while the block runs, what its frame writer
-    writes is kept, and at its end written to the socket at once (a write per frame was the
-    relay's largest single cost when many go out together)."""
-
-    def __init__(self, frames: Any) -> None:
-        self.frames = frames
-        self.transport = frames.transport
-        self.parts: list[bytes] = []
-
-    def __enter__(self) -> None:
-        self.frames.transport = self
-
-    def __exit__(self, *exc: object) -> None:
-        self.frames.transport = self.transport
-        if self.parts and not self.transport.is_closing():
-            self.transport.write(b"".join(self.parts))
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def is_closing(self) -> bool:
-        return bool(self.transport.is_closing())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-async def _read(sock: Any, raw: web.WebSocketResponse, limit: float, largest: int) -> None:
-    """Hand each frame the connection sends to engine.io until it closes, fails or stays
-    silent for ``limit`` seconds."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.current_task()
-    assert reader is not None
-    heard = loop.time()
-    silent = False
-    timer: asyncio.TimerHandle | None = None
-
-    def watch() -> None:
-        nonlocal timer, silent
-        if loop.time() - heard >= limit:
-            silent = True
-            reader.cancel()
-        else:
-            timer = loop.call_at(heard + limit, watch)
-
-    timer = loop.call_at(heard + limit, watch)
-    read = 0
-    try:
-        while True:
-            message = await raw.receive()
-            heard = loop.time()
-            read += 1
-            if read % READ_RUN == 0:
-                await asyncio.sleep(0)  # let the writers send what this run queued
-            data = message.data
-            if not isinstance(data, str | bytes) or len(data) > largest:
-                break  # closed, failed, or larger than engine.io takes
-            try:
-                decoded = eio_packet.Packet(encoded_packet=data)
-            except (ValueError, TypeError, IndexError):
-                break  # not engine.io
-            try:
-                await sock.receive(decoded)
-            except eio_exceptions.SocketIsClosedError:
-                break
-            except eio_exceptions.UnknownPacketError:
-                pass
-            except Exception as error:  # the relay's own trouble: one line, not a traceback
-                inline_failures.warning("event failed (%s: %s)", type(error).__name__, error)
-    except asyncio.CancelledError:
-        if silent:
-            reader.uncancel()
-        # else: the relay stops; the connection ends here as engine.io's does
-    except RuntimeError:
-        pass  # aiohttp: the websocket is closed
-    finally:
-        if timer is not None:
-            timer.cancel()
 
 
 class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
