@@ -183,6 +183,8 @@ async def _read(sock: Any, raw: web.WebSocketResponse, limit: float, largest: in
                 decoded = eio_packet.Packet(encoded_packet=data)
             except (ValueError, TypeError, IndexError):
                 break  # not engine.io
+            if not 0 <= decoded.packet_type < len(eio_packet.packet_names):
+                break  # no packet engine.io knows
             try:
                 await sock.receive(decoded)
             except eio_exceptions.SocketIsClosedError:

@@ -154,6 +154,32 @@ async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 0
 
 
+@pytest.mark.parametrize(
+    "frame",
+    ["", "9hello", "b!!not base64", "hello"],
+    ids=["empty", "unknown-type", "bad-base64", "not-a-type"],
+)
+async def test_a_frame_that_is_not_engine_io_ends_the_connection_and_logs_nothing(
+    relay: RelayHandle,
+    raw: Callable[..., Any],
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+    frame: str,
+) -> None:
+    """The relay reads its websockets itself (docs/performance.md, section 3): a frame that is
+    no engine.io packet ends that connection, with no traceback and no warning (engine.io's own
+    reader logged one for an unknown packet type), and the relay serves everyone else."""
+    caplog.set_level(logging.DEBUG)
+    socket: RawSocket = await raw()
+
+    await socket.socket.send_str(frame)
+
+    await asyncio.wait_for(socket.closed.wait(), 5)
+    assert "Traceback" not in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (await browser.call("listSessions", {}))["ok"] is True
+
+
 async def test_a_client_cannot_send_lifecycle_events(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
