@@ -168,7 +168,8 @@ async def test_a_frame_that_is_not_engine_io_ends_the_connection_and_logs_nothin
 ) -> None:
     """The relay reads its websockets itself (docs/performance.md, section 3): a frame that is
     no engine.io packet ends that connection, with no traceback and no warning (engine.io's own
-    reader logged one for an unknown packet type), and the relay serves everyone else."""
+    reader logs an unknown packet type's failure with ``logger.exception``), and the relay
+    serves everyone else."""
     caplog.set_level(logging.DEBUG)
     socket: RawSocket = await raw()
 
