@@ -4,16 +4,36 @@ then reports ``workOrderComplete(turnId, True, "aborted")``. No model, no drone 
 what is left is socket.io hops plus what the server does.
 
     .venv/bin/python -m bench.abort_floor [--aborts 200]
+    .venv/bin/python -m bench.abort_floor --burst [--streams 200] [--drones 4] [--runs 3]
+
+``--burst`` is ``bench.abort_burst`` on the same floor: 4 synthetic drones, each a process of its
+own, stream a text event every 0.5 s for each of 200 turns (one browser connection and person
+per turn); then all 200 are aborted in the same instant.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import random
+import statistics
 import tempfile
 from pathlib import Path
 
-from .common import Browser, Stack, connect_browsers, run_main, summary, table, wait_quiet
+from .common import (
+    Browser,
+    Stack,
+    connect_browsers,
+    cpu_load,
+    quantile,
+    run_main,
+    summary,
+    table,
+    wait_drones,
+    wait_quiet,
+)
+from .profiling import py_spy, top_frames
 from .synthetic import SyntheticDrone
 
 
@@ -44,7 +64,95 @@ async def measure(url: str, count: int) -> tuple[list[float], list[float]]:
     return acks, completes
 
 
+async def burst(
+    stack: Stack, url: str, args: argparse.Namespace, relay: bool
+) -> tuple[list[float], list[float], str]:
+    """Every turn aborted at once; (emit → ack, emit → workOrderComplete) in seconds, and the
+    CPU used meanwhile."""
+    drones = [
+        stack.spawn(f"synthetic-{i}", ["-m", "bench.synthetic", url, f"burst-{i}", str(0.5)])
+        for i in range(args.drones)
+    ]
+    browsers: list[Browser] = []
+    try:
+        for drone in drones:
+            await drone.wait_line(r"SYNTHETIC \S+ READY")
+        if relay:
+            await wait_drones(url, args.drones)
+        browsers = await connect_browsers(url, args.streams)
+        owner = {await browser.submit(f"burst {i}"): browser for i, browser in enumerate(browsers)}
+        waits = [b.first_progress[t].wait() for t, b in owner.items()]
+        await asyncio.wait_for(asyncio.gather(*waits), 60)
+        quiet = await wait_quiet()
+        acks: list[float] = []
+        completes: list[float] = []
+
+        async def abort_one(turn_id: str) -> None:
+            browser = owner[turn_id]
+            emitted, acked, success, message = await browser.abort(turn_id)
+            assert (success, message) == (True, "Abort signaled"), (success, message)
+            await asyncio.wait_for(browser.done[turn_id].wait(), 30)
+            acks.append(acked - emitted)
+            completes.append(browser.completed[turn_id][0] - emitted)
+
+        turns = list(owner)
+        random.shuffle(turns)
+        server = stack.procs[0]
+        if args.profile and relay:
+            spy, profile = py_spy(stack, server, 3, "burst")
+            await asyncio.sleep(0.5)  # py-spy attached
+        pids = {"server": [server.pid], "drones": [d.pid for d in drones], "bench": [os.getpid()]}
+        with cpu_load(pids) as cpu:
+            await asyncio.gather(*(abort_one(t) for t in turns))
+        if args.profile and relay:
+            await asyncio.to_thread(spy.popen.wait, 30)
+            print(top_frames(profile, 25))
+        return acks, completes, f"{quiet}; " + ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+    finally:
+        for browser in browsers:
+            await browser.close()
+        stack.stop(drones)
+
+
+async def burst_main(args: argparse.Namespace) -> None:
+    rows = []
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="hangar-bench-") as tmp:
+        for name in args.servers.split(","):
+            per_run: tuple[list[list[float]], list[list[float]]] = ([], [])
+            for i in range(args.runs):
+                stack = Stack(Path(args.logs or tmp) / f"{name.replace(' ', '-')}-{i}")
+                try:
+                    if name == "relay":
+                        url, _ = await stack.relay()
+                    else:
+                        found = await stack.spawn("forwarder", ["-m", "bench.forwarder"]).wait_line(
+                            r"listening on (http://127\.0\.0\.1:\d+)/"
+                        )
+                        url = found.group(1)
+                    acks, completes, note = await burst(stack, url, args, name == "relay")
+                finally:
+                    stack.stop()
+                per_run[0].append(acks)
+                per_run[1].append(completes)
+                p99s = f"ack p99 {quantile(acks, 0.99) * 1000:.1f} ms, complete p99 "
+                p99s += f"{quantile(completes, 0.99) * 1000:.1f} ms"
+                notes.append(f"- {name}, run {i + 1}: {p99s}; {note}")
+            for step, values in zip(("ack", "complete"), per_run, strict=True):
+                p50, p99, top = (
+                    statistics.median(quantile(v, q) * 1000 for v in values)
+                    for q in (0.5, 0.99, 1.0)
+                )
+                rows.append([name, step, len(values[0]), f"{p50:.1f}", f"{p99:.1f}", f"{top:.1f}"])
+    print(f"a burst of {args.streams} aborts, {args.drones} synthetic drones; {args.runs} runs")
+    print(table(["server", "emit → step", "n per run", "p50 ms", "p99 ms", "max ms"], rows))
+    print("\n".join(notes))
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    if args.burst:
+        await burst_main(args)
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="hangar-bench-") as tmp:
         stack = Stack(Path(args.logs or tmp))
@@ -67,6 +175,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--aborts", type=int, default=200, help="sequential aborts per server")
     parser.add_argument("--logs", help="keep the servers' logs here")
+    parser.add_argument("--burst", action="store_true", help="abort every turn at once")
+    parser.add_argument("--streams", type=int, default=200, help="--burst: turns aborted at once")
+    parser.add_argument("--drones", type=int, default=4, help="--burst: synthetic drones")
+    parser.add_argument("--runs", type=int, default=3, help="--burst: runs per server")
+    parser.add_argument("--profile", action="store_true", help="--burst: py-spy the relay")
+    parser.add_argument(
+        "--servers", default="relay,bare forwarder", help="--burst: which servers, in this order"
+    )
     run_main(main_async(parser.parse_args()))
 
 

@@ -1,9 +1,10 @@
 """A bare python-socketio forwarder: the baseline the relay's throughput is compared with.
 
 It speaks just enough of the relay's protocol for the same client code to run against both:
-``submitWorkOrder`` on ``/ide`` hands a work order to a drone on ``/drone``, ``abortWorkOrder``
-is passed to the drone and its answer back; the drone's ``workOrderProgress`` and
-``workOrderComplete`` are re-emitted, unchecked, to the submitter's room.
+``submitWorkOrder`` on ``/ide`` hands a work order to a drone on ``/drone`` (to each connected
+drone in turn), ``abortWorkOrder`` is passed to the turn's drone and its answer back; the
+drone's ``workOrderProgress`` and ``workOrderComplete`` are re-emitted, unchecked, to the
+submitter's room.
 No validation, no storage, no ordering lanes.
 
     .venv/bin/python -m bench.forwarder   # prints "Forwarder listening on http://127.0.0.1:PORT/"
@@ -32,6 +33,7 @@ def build() -> web.Application:
     sio.attach(app)
     drones: list[str] = []
     rooms: dict[str, str] = {}  # turn id -> session room
+    runs_on: dict[str, str] = {}  # turn id -> drone sid
     ids = itertools.count(1)
 
     @sio.on("connect", namespace=DRONE)  # type: ignore[untyped-decorator]
@@ -49,13 +51,17 @@ def build() -> web.Application:
         rooms[turn_id] = f"session:{session_id}"
         await sio.enter_room(sid, rooms[turn_id], namespace=IDE)
         order = {"turnId": turn_id, "sessionId": session_id, "prompt": data["prompt"]}
-        await sio.call("workOrder", {**order, "history": []}, to=drones[0], namespace=DRONE)
+        runs_on[turn_id] = drones[n % len(drones)]
+        await sio.call("workOrder", {**order, "history": []}, to=runs_on[turn_id], namespace=DRONE)
         return {"ok": True, "turnId": turn_id, "sessionId": session_id}
 
     @sio.on("abortWorkOrder", namespace=IDE)  # type: ignore[untyped-decorator]
     async def abort(sid: str, data: dict[str, Any]) -> tuple[bool, str]:
         answer = await sio.call(
-            "abortWorkOrder", {"turnId": data["turnId"]}, to=drones[0], namespace=DRONE
+            "abortWorkOrder",
+            {"turnId": data["turnId"]},
+            to=runs_on[data["turnId"]],
+            namespace=DRONE,
         )
         return answer[0], answer[1]
 
@@ -69,6 +75,7 @@ def build() -> web.Application:
     @sio.on("workOrderComplete", namespace=DRONE)  # type: ignore[untyped-decorator]
     async def complete(sid: str, turn_id: str, success: bool, message: str) -> dict[str, Any]:
         room = rooms.pop(turn_id)
+        runs_on.pop(turn_id, None)
         await sio.emit("workOrderComplete", (turn_id, success, message), room=room, namespace=IDE)
         return {"ok": True}
 
