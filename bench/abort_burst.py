@@ -51,13 +51,22 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
     stack = Stack(workdir)
     browsers: list[Browser] = []
     try:
-        relay, relay_proc = await stack.relay()
+        if args.forwarder:
+            relay_proc = stack.spawn("forwarder", ["-m", "bench.forwarder"])
+            found = await relay_proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
+            relay = found.group(1)
+        else:
+            relay, relay_proc = await stack.relay()
         peer, peer_proc = await stack.peer("openai", args.interval)
         per_drone = -(-args.streams // args.drones)
         drones = [
             stack.drone(relay, "openai", peer, per_drone, f"drone-{i}") for i in range(args.drones)
         ]
-        await wait_drones(relay, args.drones)
+        if args.forwarder:
+            for drone in drones:
+                await drone.wait_line(r"connected to relay", 60)
+        else:
+            await wait_drones(relay, args.drones)
         browsers = await connect_browsers(relay, args.streams)
         run = Run(f"{args.streams} streams, burst", loaded=True)
         owner: dict[str, Browser] = {}
@@ -133,6 +142,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.5, help="s between chunks")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="py-spy relay and a drone")
+    parser.add_argument(
+        "--forwarder",
+        action="store_true",
+        help="the same drones behind a bare python-socketio forwarder (bench.forwarder) instead "
+        "of the relay: the floor the drones and the transport set",
+    )
     parser.add_argument("--logs", help="keep the processes' logs (and profiles) here")
     run_main(main_async(parser.parse_args()))
 

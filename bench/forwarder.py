@@ -73,7 +73,9 @@ def build() -> web.Application:
         return {"ok": True}
 
     @sio.on("workOrderComplete", namespace=DRONE)  # type: ignore[untyped-decorator]
-    async def complete(sid: str, turn_id: str, success: bool, message: str) -> dict[str, Any]:
+    async def complete(
+        sid: str, turn_id: str, success: bool, message: str, *ending: Any
+    ) -> dict[str, Any]:
         room = rooms.pop(turn_id)
         runs_on.pop(turn_id, None)
         await sio.emit("workOrderComplete", (turn_id, success, message), room=room, namespace=IDE)
