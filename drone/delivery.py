@@ -7,6 +7,10 @@ a dropped connection keep the event, which goes again after a pause (growing to 
 or as soon as the drone is connected again. A turn waiting for its relay never holds up
 another's. The relay stores a message sent twice once (its ``number``) and a turn's first
 ending only, so sending again is safe.
+
+A turn's completion waiting behind its last messages (an aborted turn's partial answer, say)
+takes them along: one event and one answer instead of one each (``Ending.messages``). A relay
+that refuses such a bundle gets them one at a time, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any, Protocol
 
 import socketio
 
+from hangar.shared.protocol import MAX_BUNDLED, WORK_ORDER_COMPLETE, WORK_ORDER_PROGRESS
+
 log = logging.getLogger("hangar.drone")
 
 CONFIRM_TIMEOUT = 10.0
@@ -25,6 +31,8 @@ CONFIRM_TIMEOUT = 10.0
 relay's own, so the two never wedge each other)."""
 RETRY_FIRST = 0.2
 RETRY_MAX = 3.0
+BUNDLE_CHARS = 256 * 1024
+"""Most characters of messages a completion takes along (far below the transport's limit)."""
 
 
 class Link(Protocol):
@@ -72,18 +80,26 @@ class Deliveries:
 
     async def _deliver(self, turn_id: str, queue: deque[tuple[str, Any]]) -> None:
         pause = RETRY_FIRST
+        bundling = True
         try:
             while queue:
-                event, data = queue[0]
                 await self.link.connected.wait()
+                event, data = queue[0]
+                taken = 1
+                if bundling and (bundle := _bundle(queue)) is not None:
+                    event, data, taken = bundle
                 try:
                     answer = await self.link.call(event, data, CONFIRM_TIMEOUT)
                 except (socketio.exceptions.SocketIOError, ConnectionError, TimeoutError):
                     answer = None
+                if taken > 1 and _settled(answer) and not answer.get("ok"):
+                    bundling = False  # refused together: each goes on its own, for its own answer
+                    continue
                 if _settled(answer):
                     if not answer.get("ok"):
                         log.info("relay refused %s turn=%s: %s", event, turn_id, answer["error"])
-                    queue.popleft()
+                    for _ in range(taken):
+                        queue.popleft()
                     pause = RETRY_FIRST
                     continue
                 if answer is not None:
@@ -95,6 +111,27 @@ class Deliveries:
             del self._tasks[turn_id]
             if not self.queues:
                 self._idle.set()
+
+
+def _bundle(queue: deque[tuple[str, Any]]) -> tuple[str, Any, int] | None:
+    """The turn's completion with the finished messages queued before it, as one event (and
+    how many queued events it stands for); None unless messages, then the completion, wait."""
+    messages: list[dict[str, Any]] = []
+    chars = 0
+    for event, data in queue:
+        if event == WORK_ORDER_COMPLETE and messages and len(data) == 4:
+            turn_id, success, message, ending = data
+            ending = {**ending, "messages": messages}
+            return event, (turn_id, success, message, ending), len(messages) + 1
+        if event != WORK_ORDER_PROGRESS or data.get("kind") != "message" or "number" not in data:
+            return None
+        content = data["message"].get("content") or ""
+        calls = data["message"].get("toolCalls") or []
+        chars += len(content) + sum(len(call.get("arguments") or "") for call in calls)
+        if chars > BUNDLE_CHARS or len(messages) == MAX_BUNDLED:
+            return None
+        messages.append({"number": data["number"], "message": data["message"]})
+    return None
 
 
 def _settled(answer: Any) -> bool:

@@ -2,9 +2,10 @@
 
 Text is batched: text arriving within ``TEXT_BATCH`` of the last frame waits for the next one,
 so a burst of chunks becomes one event and the drone decodes one frame for many turns (text
-after a quiet spell goes at the end of the loop's pass). Any other event goes at once, with
-the text held so far. Any other event of a turn goes after the text
-held for it, so each turn's order stays as produced. When the drone reads slower than the worker
+after a quiet spell goes at the end of the loop's pass). Finished messages and log records go
+at the end of the loop's pass too, or with the next event; any other event goes at once, with
+everything held so far. Any event of a turn goes after the text held for it, so each turn's
+order stays as produced. When the drone reads slower than the worker
 writes, the pipe fills and the work orders wait (``drain``): streams slow down, nothing piles up.
 """
 
@@ -63,14 +64,22 @@ class Outbox:
             else:
                 self._timer = self._loop.call_later(wait, self.flush)
 
-    def event(self, event: list[Any], turn_id: str | None = None) -> None:
+    def event(self, event: list[Any], turn_id: str | None = None, at_once: bool = True) -> None:
         """Send ``event`` now, after what the turn produced before it. At once, not at the end
         of the loop's pass: on a saturated worker a pass takes hundreds of milliseconds, and an
-        aborted turn's completion should not wait for it."""
+        aborted turn's completion should not wait for it.
+
+        Not ``at_once`` (a finished message, a log record): with the next event sent at once,
+        or at the end of the loop's pass. A turn's last message and its completion, produced
+        together, then reach the drone in one frame, and go to the relay as one event."""
         if turn_id is not None:
             self._texts.pop(turn_id, None)
         self._events.append(event)
-        self.flush()
+        if at_once:
+            self.flush()
+        elif not self._soon:
+            self._soon = True
+            self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -107,7 +116,7 @@ class Outbox:
 
     def post_log(self, record: list[Any]) -> None:
         if threading.get_ident() == self._thread:
-            self.event(record)
+            self.event(record, at_once=False)
         else:
             self._loop.call_soon_threadsafe(self.event, record)
 
@@ -177,7 +186,7 @@ class PipeReport:
         await self.outbox.drain()
 
     async def message(self, message: ChatMessage) -> None:
-        self.outbox.event(["message", self.turn_id, message.wire()], self.turn_id)
+        self.outbox.event(["message", self.turn_id, message.wire()], self.turn_id, at_once=False)
         await self.outbox.drain()
 
     async def tool(self, call: ToolCall, state: str, depth: int, result: str | None = None) -> None:

@@ -192,6 +192,15 @@ class DroneReports:
         if isinstance(live, str):
             log.info("completion ignored turn=%s: %s", completion.turn_id, live)
             return {"ok": False, "error": live}
+        bundled = completion.ending.messages if completion.ending is not None else None
+        for item in bundled or ():
+            # The turn's last messages came with it: stored (once each) and shown first.
+            added = MessageAdded(
+                turn_id=completion.turn_id, message=item.message, number=item.number
+            )
+            answer = await self.progress(drone_id, added)
+            if not answer["ok"]:
+                return answer
         status = completion.status
         reason: EndReason = (
             completion.ending.reason if completion.ending is not None else _reason_of(status)

@@ -15,11 +15,13 @@ from pydantic import Field, StrictBool, TypeAdapter, ValidationError
 # The base types of every payload live in ``wire``; they are part of this module's surface.
 from .wire import (
     ABORT_REASONS,
+    MAX_BUNDLED,
     TERMINAL_STATUSES,
     ChatMessage,
     Ending,
     EndReason,
     Id,
+    NumberedMessage,
     ToolCall,
     TurnStatus,
     Usage,
@@ -29,11 +31,13 @@ from .wire import (
 
 __all__ = [
     "ABORT_REASONS",
+    "MAX_BUNDLED",
     "TERMINAL_STATUSES",
     "ChatMessage",
     "EndReason",
     "Ending",
     "Id",
+    "NumberedMessage",
     "ToolCall",
     "TurnStatus",
     "Usage",

@@ -88,8 +88,21 @@ class Usage(Wire):
         )
 
 
+MAX_BUNDLED = 64
+"""Most finished messages a completion carries with it (``Ending.messages``)."""
+
+
+class NumberedMessage(Wire):
+    """A finished message with its place among the turn's messages (0 for the first)."""
+
+    number: int = Field(ge=0)
+    message: ChatMessage
+
+
 class Ending(Wire):
-    """The optional fourth argument of a drone's ``workOrderComplete``: why, and the usage."""
+    """The optional fourth argument of a drone's ``workOrderComplete``: why, the usage, and the
+    turn's last finished messages, stored before the ending (one event instead of several)."""
 
     reason: EndReason
     usage: Usage | None = None
+    messages: list[NumberedMessage] | None = Field(default=None, max_length=MAX_BUNDLED)

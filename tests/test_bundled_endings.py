@@ -1,0 +1,203 @@
+"""A turn's completion carries its last finished messages (an aborted turn's partial answer, say):
+one event and one answer instead of one each. The relay stores them before the ending, once each;
+a relay that does not take such a bundle gets them one at a time (docs/protocol.md,
+``workOrderComplete``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import socketio
+from aiohttp import web
+
+from bench.peers import OpenAIPeer, Reply
+from hangar.drone.tools.policy import ToolPolicy
+from hangar.drone.worker import DroneConfig, run_drone
+from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.protocol import DRONE_NAMESPACE
+from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, drone_hello, eventually
+
+
+class HandDrone:
+    """A drone driven by hand: it takes every order and reports only what a test tells it."""
+
+    def __init__(self) -> None:
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.orders: asyncio.Queue[str] = asyncio.Queue()
+        self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
+
+    async def connect(self, url: str) -> HandDrone:
+        await self.sio.connect(
+            url, namespaces=[DRONE_NAMESPACE], transports=["websocket"], auth=drone_hello("hand-1")
+        )
+        return self
+
+    async def on_work_order(self, order: dict[str, Any]) -> dict[str, Any]:
+        self.orders.put_nowait(order["turnId"])
+        return {"ok": True}
+
+    async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
+        return True, "Abort signaled"
+
+    async def complete(self, turn_id: str, ending: dict[str, Any]) -> Any:
+        return await self.sio.call(
+            "workOrderComplete", (turn_id, True, "aborted", ending), namespace=DRONE_NAMESPACE
+        )
+
+
+@pytest.fixture
+async def hand_drone(relay: RelayHandle) -> AsyncIterator[HandDrone]:
+    drone = await HandDrone().connect(relay.url)
+    await eventually(lambda: relay.relay.directory.local, what="the drone")
+    yield drone
+    await drone.sio.disconnect()
+
+
+def partial(content: str, number: int = 0) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, "aborted": True}
+    return {"number": number, "message": message}
+
+
+async def stored(browser: Browser, session_id: str) -> list[tuple[str, str]]:
+    opened = await browser.call("openSession", {"sessionId": session_id})
+    return [(m["role"], m["content"]) for t in opened["turns"] for m in t["messages"]]
+
+
+async def test_a_completion_carrying_its_last_message_stores_it_first_and_once(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any
+) -> None:
+    browser = await browsers()
+    ack = await browser.submit("Write an essay")
+    turn_id = ack["turnId"]
+    assert await asyncio.wait_for(hand_drone.orders.get(), 5) == turn_id
+    assert await browser.abort(turn_id) == (True, "Abort signaled")
+
+    bundle = {"reason": "aborted", "messages": [partial("Essays are")]}
+    assert await hand_drone.complete(turn_id, bundle) == {"ok": True}
+    assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+    # The page hears of the message before the turn's end, as when it comes on its own.
+    heard = [
+        "message" if event == "workOrderProgress" else event
+        for event, args in browser.events
+        if event in ("workOrderProgress", "workOrderComplete")
+    ]
+    assert heard == ["message", "workOrderComplete"]
+    assert browser.progress(turn_id, "message")[0]["message"]["content"] == "Essays are"
+    assert (await browser.ending(turn_id))["status"] == "aborted"
+    session = ack["sessionId"]
+    assert await stored(browser, session) == [
+        ("user", "Write an essay"),
+        ("assistant", "Essays are"),
+    ]
+
+    # Sent again (its answer was lost): refused as ended, and the message is still there once.
+    again = await hand_drone.complete(turn_id, bundle)
+    assert again == {"ok": False, "error": "The turn has already ended."}
+    assert await stored(browser, session) == [
+        ("user", "Write an essay"),
+        ("assistant", "Essays are"),
+    ]
+
+
+async def test_a_completion_carrying_a_bad_message_is_refused_whole_and_loses_nothing(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any
+) -> None:
+    browser = await browsers()
+    ack = await browser.submit("Write an essay")
+    turn_id = ack["turnId"]
+    await asyncio.wait_for(hand_drone.orders.get(), 5)
+
+    robot = {"number": 0, "message": {"role": "robot", "content": "beep"}}
+    too_many = [partial(f"part {n}", n) for n in range(65)]
+    for messages in ([robot], too_many, [{"number": -1, "message": partial("x")["message"]}]):
+        answer = await hand_drone.complete(turn_id, {"reason": "finished", "messages": messages})
+        assert answer["ok"] is False
+        assert "messages" in answer["error"]
+    # Nothing of them was kept, and the turn still runs: a good one then ends it.
+    assert browser.completions(turn_id) == []
+    assert browser.progress(turn_id, "message") == []
+    good = {"reason": "finished", "messages": [partial("Essays are")]}
+    assert await hand_drone.complete(turn_id, good) == {"ok": True}
+    await browser.completion(turn_id)
+    assert await stored(browser, ack["sessionId"]) == [
+        ("user", "Write an essay"), ("assistant", "Essays are")
+    ]  # fmt: skip
+
+
+class OlderRelay:
+    """A relay of before bundles, on ``/drone`` only: it refuses a completion with messages (its
+    ``Ending`` has no such field) and takes messages and completions one at a time."""
+
+    def __init__(self) -> None:
+        self.sio = socketio.AsyncServer(async_mode="aiohttp")
+        self.app = web.Application()
+        self.sio.attach(self.app)
+        self.drone: str | None = None
+        self.received: list[tuple[str, Any]] = []
+        self.ended = asyncio.Event()
+        self.sio.on("connect", self.on_connect, namespace=DRONE_NAMESPACE)
+        self.sio.on("workOrderProgress", self.on_progress, namespace=DRONE_NAMESPACE)
+        self.sio.on("workOrderComplete", self.on_complete, namespace=DRONE_NAMESPACE)
+
+    async def on_connect(self, sid: str, environ: Any, auth: Any) -> None:
+        self.drone = sid
+
+    async def on_progress(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:
+        if data["kind"] == "message":
+            self.received.append(("message", data["message"]["content"]))
+        return {"ok": True}
+
+    async def on_complete(self, sid: str, *args: Any) -> dict[str, Any]:
+        if len(args) == 4 and "messages" in args[3]:
+            self.received.append(("refused bundle", len(args[3]["messages"])))
+            return {"ok": False, "error": "Invalid payload (ending.messages: not permitted)."}
+        self.received.append(("complete", args[1]))
+        self.ended.set()
+        return {"ok": True}
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in the drone", "in a worker process"])
+async def test_a_drone_whose_relay_refuses_bundles_sends_them_one_at_a_time(
+    openai_peer: OpenAIPeer, tmp_path: Any, workers: int
+) -> None:
+    older = OlderRelay()
+    runner = web.AppRunner(older.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = DroneConfig(
+        server=f"http://127.0.0.1:{port}",
+        token=DRONE_TOKEN,
+        name="newer",
+        provider="openai",
+        model="gpt-test",
+        base_url=openai_peer.base_url + "/v1",
+        api_key="test-key",
+        tools=ToolPolicy.allow_all(),
+        workdir=str(tmp_path),
+        workers=workers,
+    )
+    root = AbortController()
+    drone = asyncio.ensure_future(run_drone(config, root))
+    try:
+        await eventually(lambda: older.drone, timeout=30, what="the drone")
+        openai_peer.script(Reply(chunks=["Hello", " there"]))
+        order = {"turnId": "t_1", "sessionId": "s_1", "prompt": "Hi", "history": []}
+        accepted = await older.sio.call(
+            "workOrder", order, to=older.drone, namespace=DRONE_NAMESPACE
+        )
+        assert accepted == {"ok": True}
+        await asyncio.wait_for(older.ended.wait(), 10)
+        # Tried together first, then each on its own: nothing lost, nothing twice.
+        assert older.received == [
+            ("refused bundle", 1), ("message", "Hello there"), ("complete", True)
+        ]  # fmt: skip
+    finally:
+        root.abort(AbortError("The test is over.", cause="operator"))
+        await asyncio.wait_for(drone, 10)
+        await runner.cleanup()
