@@ -93,7 +93,9 @@ class Deliveries:
                 except (socketio.exceptions.SocketIOError, ConnectionError, TimeoutError):
                     answer = None
                 if taken > 1 and _settled(answer) and not answer.get("ok"):
-                    bundling = False  # refused together: each goes on its own, for its own answer
+                    # Refused together: each goes on its own, for its own answer.
+                    log.info("relay refused %s with messages turn=%s: %s", event, turn_id, answer)
+                    bundling = False
                     continue
                 if _settled(answer):
                     if not answer.get("ok"):
