@@ -3,7 +3,20 @@ a valid conversation; and what a relay that kept more of an ended turn's text ad
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hangar.shared.protocol import TOOL_CANCELLED, TOOL_LOST, ChatMessage, TurnStatus
+
+
+def unstored(stored: int, numbered: Sequence[tuple[int, ChatMessage]]) -> list[ChatMessage]:
+    """Of a drone's numbered messages, those a turn with ``stored`` messages (its user message
+    first) lacks: one sent again after a lost answer is stored once."""
+    fresh: list[ChatMessage] = []
+    for number, message in numbered:
+        if stored - 1 <= number:
+            fresh.append(message)
+            stored += 1
+    return fresh
 
 
 def closing_messages(

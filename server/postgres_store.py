@@ -16,7 +16,7 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import closing_messages, filled_text
+from .closing import closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -219,6 +219,12 @@ class PostgresTurnStore:
                 "SELECT body FROM messages WHERE turn_id = $1 ORDER BY message_id", turn_id
             )
             messages = [ChatMessage.model_validate(json.loads(r["body"])) for r in found]
+            if ending.messages:
+                if status != "processing":
+                    return None
+                fresh = unstored(len(messages), ending.messages)
+                await _insert_messages(db, turn_id, fresh)
+                messages += fresh
             added, text = closing_messages(messages, _pg(ending.text) or "", ending.status)
             values = _texts(end_turn_values(turn_id, replace(ending, text=text), from_statuses))
             row = await db.fetchrow(_numbered(end_turn_sql(from_statuses)), *values)

@@ -192,22 +192,18 @@ class DroneReports:
         if isinstance(live, str):
             log.info("completion ignored turn=%s: %s", completion.turn_id, live)
             return {"ok": False, "error": live}
-        bundled = completion.ending.messages if completion.ending is not None else None
-        for item in bundled or ():
-            # The turn's last messages came with it: stored (once each) and shown first.
-            added = MessageAdded(
-                turn_id=completion.turn_id, message=item.message, number=item.number
-            )
-            answer = await self.progress(drone_id, added)
-            if not answer["ok"]:
-                return answer
         status = completion.status
         reason: EndReason = (
             completion.ending.reason if completion.ending is not None else _reason_of(status)
         )
         by = self.turns.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
         usage = completion.ending.usage if completion.ending is not None else None
-        ending = Ending(status, completion.message, reason, ended_by=by, usage=usage)
+        bundled = completion.ending.messages if completion.ending is not None else None
+        # The turn's last messages came with it: stored with the ending, and shown first.
+        messages = tuple((item.number, item.message) for item in bundled or ())
+        ending = Ending(
+            status, completion.message, reason, ended_by=by, usage=usage, messages=messages
+        )
         await self.turns.end_turn(completion.turn_id, ending)
         return {"ok": True}
 

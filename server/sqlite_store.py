@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import closing_messages, filled_text
+from .closing import closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_writes import GroupCommit
@@ -252,6 +252,13 @@ class SqliteTurnStore:
 
         def update(conn: sqlite3.Connection) -> TurnRecord | None:
             messages = _messages_of(conn, turn_id)
+            if ending.messages:
+                row = conn.execute("SELECT status FROM turns WHERE turn_id = ?", (turn_id,))
+                if (row.fetchone() or {"status": None})["status"] != "processing":
+                    return None
+                fresh = unstored(len(messages), ending.messages)
+                _insert_messages(conn, turn_id, fresh)
+                messages += fresh
             added, text = closing_messages(messages, ending.text, ending.status)
             values = end_turn_values(turn_id, replace(ending, text=text), from_statuses)
             row = conn.execute(sql, values).fetchone()

@@ -125,6 +125,9 @@ class Ending:
     text: str = ""
     ended_by: str | None = None
     usage: Usage | None = None
+    messages: tuple[tuple[int, ChatMessage], ...] = ()
+    """The drone's last messages, by number, that came with its completion: stored first, in
+    the same write (each once)."""
 
 
 TURN_COLUMNS = (

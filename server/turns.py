@@ -33,9 +33,11 @@ from hangar.shared.protocol import (
     TURN_STARTED,
     UNKNOWN_TURN,
     WORK_ORDER_COMPLETE,
+    WORK_ORDER_PROGRESS,
     AbortOrder,
     AbortWorkOrderRequest,
     ChatMessage,
+    MessageAdded,
     SubmitWorkOrder,
     ToolApproval,
     TurnEnded,
@@ -323,6 +325,12 @@ class TurnLifecycle:
             ended.status,
             ending.reason,
         )
+        for number, message in ending.messages:  # as if each had come on its own, before
+            shown = MessageAdded(turn_id=turn_id, message=message, number=number).wire()
+            self.metrics.progress_events.inc()
+            await self.rooms.to_session(
+                ended.session_id, WORK_ORDER_PROGRESS, {**shown, "sessionId": ended.session_id}
+            )
         success = ended.status != "error"
         await self.rooms.to_session(
             ended.session_id, WORK_ORDER_COMPLETE, (turn_id, success, ending.result)

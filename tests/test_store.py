@@ -267,6 +267,55 @@ async def test_the_first_terminal_write_wins(store: TurnStore, first: TurnStatus
     assert turn.ended_at is not None and turn.ended_at >= turn.created_at
 
 
+async def test_an_ending_that_brings_the_drones_last_messages_stores_them_first_and_once(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    await store.add_message("t_1", ChatMessage(role="assistant", content="Look"), 0)
+    # The drone's message 0 again (its first answer was lost) and message 1, with the ending.
+    call = ToolCall(id="call_1", name="read_file", arguments="{}")
+    asked = ChatMessage(role="assistant", content="Look", tool_calls=[call])
+    partial = ChatMessage(role="assistant", content="It says", aborted=True)
+    ending = Ending("aborted", "aborted", "aborted", messages=((0, asked), (1, partial)))
+
+    assert await store.end_turn("t_1", ending) is not None
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None and turn.status == "aborted"
+    # Message 0 kept once (as first stored), message 1 added, then what keeps it valid.
+    assert [(m.role, m.content) for m in turn.messages] == [
+        ("user", "Hi"), ("assistant", "Look"), ("assistant", "It says")
+    ]  # fmt: skip
+    # Once ended, the same ending again stores nothing more.
+    assert await store.end_turn("t_1", ending) is None
+    again = await store.get_turn("t_1")
+    assert again is not None and again.messages == turn.messages
+
+
+async def test_an_ending_with_messages_for_a_queued_turn_stores_nothing(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await store.create_turn(
+        TurnRecord(
+            "t_q",
+            "s_1",
+            "alice",
+            "Q",
+            status="queued",
+            messages=[ChatMessage(role="user", content="Q")],
+        )
+    )
+    stray = Ending(
+        "finished", "done", "finished", messages=((0, ChatMessage(role="assistant", content="A")),)
+    )
+
+    assert await store.end_turn("t_q", stray) is None
+
+    turn = await store.get_turn("t_q")
+    assert turn is not None and turn.status == "queued"
+    assert [m.content for m in turn.messages] == ["Q"]
+
+
 async def test_ending_an_unknown_turn_changes_nothing(store: TurnStore) -> None:
     assert await end(store, "t_missing", "finished", "done", "") is False
     assert await store.get_turn("t_missing") is None
