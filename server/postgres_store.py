@@ -219,7 +219,7 @@ class PostgresTurnStore:
                 "SELECT body FROM messages WHERE turn_id = $1 ORDER BY message_id", turn_id
             )
             messages = [ChatMessage.model_validate(json.loads(r["body"])) for r in found]
-            if ending.messages:
+            if ending.messages:  # a drone's: only a turn it runs takes them
                 if status != "processing":
                     return None
                 fresh = unstored(len(messages), ending.messages)

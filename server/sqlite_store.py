@@ -252,9 +252,13 @@ class SqliteTurnStore:
 
         def update(conn: sqlite3.Connection) -> TurnRecord | None:
             messages = _messages_of(conn, turn_id)
-            if ending.messages:
-                row = conn.execute("SELECT status FROM turns WHERE turn_id = ?", (turn_id,))
-                if (row.fetchone() or {"status": None})["status"] != "processing":
+            if ending.messages:  # a drone's: only a turn it runs takes them
+                found = conn.execute(
+                    "SELECT status FROM turns WHERE turn_id = ?", (turn_id,)
+                ).fetchone()
+                if found is None or found["status"] != "processing":
+                    return None
+                if "processing" not in from_statuses:
                     return None
                 fresh = unstored(len(messages), ending.messages)
                 _insert_messages(conn, turn_id, fresh)
