@@ -51,12 +51,7 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
     stack = Stack(workdir)
     browsers: list[Browser] = []
     try:
-        if args.forwarder:
-            relay_proc = stack.spawn("forwarder", ["-m", "bench.forwarder"])
-            found = await relay_proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
-            relay = found.group(1)
-        else:
-            relay, relay_proc = await stack.relay()
+        relay, relay_proc = await (stack.forwarder() if args.forwarder else stack.relay())
         peer, peer_proc = await stack.peer("openai", args.interval)
         per_drone = -(-args.streams // args.drones)
         drones = [

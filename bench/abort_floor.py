@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .common import (
     Browser,
+    Proc,
     Stack,
     connect_browsers,
     cpu_load,
@@ -65,7 +66,7 @@ async def measure(url: str, count: int) -> tuple[list[float], list[float]]:
 
 
 async def burst(
-    stack: Stack, url: str, args: argparse.Namespace, relay: bool
+    stack: Stack, url: str, server: Proc, args: argparse.Namespace, relay: bool
 ) -> tuple[list[float], list[float], str]:
     """Every turn aborted at once; (emit → ack, emit → workOrderComplete) in seconds, and the
     CPU used meanwhile."""
@@ -97,7 +98,6 @@ async def burst(
 
         turns = list(owner)
         random.shuffle(turns)
-        server = stack.procs[0]
         if args.profile and relay:
             spy, profile = py_spy(stack, server, 3, "burst")
             await asyncio.sleep(0.5)  # py-spy attached
@@ -123,14 +123,9 @@ async def burst_main(args: argparse.Namespace) -> None:
             for i in range(args.runs):
                 stack = Stack(Path(args.logs or tmp) / f"{name.replace(' ', '-')}-{i}")
                 try:
-                    if name == "relay":
-                        url, _ = await stack.relay()
-                    else:
-                        found = await stack.spawn("forwarder", ["-m", "bench.forwarder"]).wait_line(
-                            r"listening on (http://127\.0\.0\.1:\d+)/"
-                        )
-                        url = found.group(1)
-                    acks, completes, note = await burst(stack, url, args, name == "relay")
+                    relay = name == "relay"
+                    url, server = await (stack.relay() if relay else stack.forwarder())
+                    acks, completes, note = await burst(stack, url, server, args, relay)
                 finally:
                     stack.stop()
                 per_run[0].append(acks)
@@ -158,9 +153,8 @@ async def main_async(args: argparse.Namespace) -> None:
         stack = Stack(Path(args.logs or tmp))
         try:
             relay, _ = await stack.relay()
-            bare = stack.spawn("forwarder", ["-m", "bench.forwarder"])
-            found = await bare.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
-            for name, url in (("relay", relay), ("bare forwarder", found.group(1))):
+            bare, _ = await stack.forwarder()
+            for name, url in (("relay", relay), ("bare forwarder", bare)):
                 quiet = await wait_quiet()
                 acks, completes = await measure(url, args.aborts)
                 rows.append([name, "ack", str(len(acks)), *summary(acks), quiet])

@@ -124,6 +124,12 @@ class Stack:
         RELAY_DATABASES[found.group(1)] = db
         return found.group(1), proc
 
+    async def forwarder(self) -> tuple[str, Proc]:
+        """A bare python-socketio forwarder (``bench.forwarder``): the baseline server."""
+        proc = self.spawn("forwarder", ["-m", "bench.forwarder"])
+        found = await proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
+        return found.group(1), proc
+
     async def peer(
         self, provider: str, interval: float, chunks: int = 1_000_000
     ) -> tuple[str, Proc]:

@@ -55,9 +55,8 @@ async def main_async(args: argparse.Namespace) -> None:
         discarded: list[str] = []
         try:
             relay, relay_proc = await stack.relay()
-            bare_proc = stack.spawn("forwarder", ["-m", "bench.forwarder"])
-            found = await bare_proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)/")
-            servers = {"relay": (relay, relay_proc), "bare forwarder": (found.group(1), bare_proc)}
+            bare, bare_proc = await stack.forwarder()
+            servers = {"relay": (relay, relay_proc), "bare forwarder": (bare, bare_proc)}
             for name, (url, proc) in servers.items():  # warm-up
                 await one_run(url, min(args.events, 1000), f"warmup-{name[:4]}", proc)
             if args.profile:  # an extra run of each, sampled, not counted
