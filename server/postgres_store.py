@@ -175,13 +175,13 @@ class PostgresTurnStore:
             )
             if status != "processing":
                 return False
-            if number is not None:
+            fresh = [message]
+            if number is not None:  # sent again after a lost ack, it is stored already
                 count = await db.fetchval(
                     "SELECT count(*) FROM messages WHERE turn_id = $1", turn_id
                 )
-                if count - 1 > number:
-                    return True  # sent again after a lost ack: stored already
-            await _insert_messages(db, turn_id, [message])
+                fresh = unstored(count, [(number, message)])
+            await _insert_messages(db, turn_id, fresh)
             return True
 
     async def fill_text(self, turn_id: str, text: str) -> bool:

@@ -214,13 +214,13 @@ class SqliteTurnStore:
             row = conn.execute("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
             if row is None or row["status"] != "processing":
                 return False
-            if number is not None:
+            fresh = [message]
+            if number is not None:  # sent again after a lost ack, it is stored already
                 (count,) = conn.execute(
                     "SELECT count(*) FROM messages WHERE turn_id = ?", (turn_id,)
                 ).fetchone()
-                if count - 1 > number:
-                    return True  # sent again after a lost ack: stored already
-            _insert_messages(conn, turn_id, [message])
+                fresh = unstored(count, [(number, message)])
+            _insert_messages(conn, turn_id, fresh)
             return True
 
         return await self._write(add)
