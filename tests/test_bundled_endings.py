@@ -62,6 +62,18 @@ def partial(content: str, number: int = 0) -> dict[str, Any]:
     return {"number": number, "message": message}
 
 
+ESSAY = [("user", "Write an essay"), ("assistant", "Essays are")]
+"""The history of a turn asked to write an essay that ended with its partial answer."""
+
+
+async def a_running_turn(browsers: Any, hand_drone: HandDrone) -> tuple[Browser, dict[str, Any]]:
+    """A new person's browser and the ack of their turn, which the hand-driven drone runs."""
+    browser = await browsers()
+    ack = await browser.submit("Write an essay")
+    assert await asyncio.wait_for(hand_drone.orders.get(), 5) == ack["turnId"]
+    return browser, ack
+
+
 async def stored(browser: Browser, session_id: str) -> list[tuple[str, str]]:
     opened = await browser.call("openSession", {"sessionId": session_id})
     return [(m["role"], m["content"]) for t in opened["turns"] for m in t["messages"]]
@@ -70,10 +82,8 @@ async def stored(browser: Browser, session_id: str) -> list[tuple[str, str]]:
 async def test_a_completion_carrying_its_last_message_stores_it_first_and_once(
     relay: RelayHandle, hand_drone: HandDrone, browsers: Any
 ) -> None:
-    browser = await browsers()
-    ack = await browser.submit("Write an essay")
+    browser, ack = await a_running_turn(browsers, hand_drone)
     turn_id = ack["turnId"]
-    assert await asyncio.wait_for(hand_drone.orders.get(), 5) == turn_id
     assert await browser.abort(turn_id) == (True, "Abort signaled")
 
     bundle = {"reason": "aborted", "messages": [partial("Essays are")]}
@@ -89,27 +99,19 @@ async def test_a_completion_carrying_its_last_message_stores_it_first_and_once(
     assert browser.progress(turn_id, "message")[0]["message"]["content"] == "Essays are"
     assert (await browser.ending(turn_id))["status"] == "aborted"
     session = ack["sessionId"]
-    assert await stored(browser, session) == [
-        ("user", "Write an essay"),
-        ("assistant", "Essays are"),
-    ]
+    assert await stored(browser, session) == ESSAY
 
     # Sent again (its answer was lost): refused as ended, and the message is still there once.
     again = await hand_drone.complete(turn_id, bundle)
     assert again == {"ok": False, "error": "The turn has already ended."}
-    assert await stored(browser, session) == [
-        ("user", "Write an essay"),
-        ("assistant", "Essays are"),
-    ]
+    assert await stored(browser, session) == ESSAY
 
 
 async def test_a_completion_carrying_a_bad_message_is_refused_whole_and_loses_nothing(
     relay: RelayHandle, hand_drone: HandDrone, browsers: Any
 ) -> None:
-    browser = await browsers()
-    ack = await browser.submit("Write an essay")
+    browser, ack = await a_running_turn(browsers, hand_drone)
     turn_id = ack["turnId"]
-    await asyncio.wait_for(hand_drone.orders.get(), 5)
 
     robot = {"number": 0, "message": {"role": "robot", "content": "beep"}}
     too_many = [partial(f"part {n}", n) for n in range(65)]
@@ -123,9 +125,7 @@ async def test_a_completion_carrying_a_bad_message_is_refused_whole_and_loses_no
     good = {"reason": "finished", "messages": [partial("Essays are")]}
     assert await hand_drone.complete(turn_id, good) == {"ok": True}
     await browser.completion(turn_id)
-    assert await stored(browser, ack["sessionId"]) == [
-        ("user", "Write an essay"), ("assistant", "Essays are")
-    ]  # fmt: skip
+    assert await stored(browser, ack["sessionId"]) == ESSAY
 
 
 class OlderRelay:
