@@ -80,12 +80,14 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
         turns = list(owner)
         random.shuffle(turns)
         pids = {"relay": [relay_proc.pid]}
-        pids["drones"] = [pid for d in drones for pid in with_children(d.pid)]
+        pids["drones"] = [d.pid for d in drones]
+        pids["workers"] = [pid for d in drones for pid in with_children(d.pid)[1:]]
         pids |= {"peer": [peer_proc.pid], "bench": [os.getpid()]}
         with cpu_load(pids) as cpu:
             await asyncio.gather(*(abort_one(owner[t], t, run) for t in turns))
         note = f"{quiet}; load {os.getloadavg()[0]:.2f}; CPU while aborting: "
-        run.note = note + ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+        note += ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+        run.note = f"{note}; waited for a core: {cpu.waits()}"
         await collect(run, peer, relay_proc, drones)
         for spy, _ in spies:
             await asyncio.to_thread(spy.popen.wait, 30)

@@ -107,7 +107,8 @@ async def burst(
         if args.profile and relay:
             await asyncio.to_thread(spy.popen.wait, 30)
             print(top_frames(profile, 25))
-        return acks, completes, f"{quiet}; " + ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
+        return acks, completes, f"{quiet}; {shares}; waited for a core: {cpu.waits()}"
     finally:
         for browser in browsers:
             await browser.close()

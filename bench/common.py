@@ -303,9 +303,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the process has used so far (its live threads, to the nanosecond)."""
+    return task_seconds(pid)[0]
+
+
+def task_seconds(pid: int) -> tuple[float, float]:
+    """Seconds the process's live threads have run so far, and waited to run (runnable, no
+    core free), from each thread's ``schedstat``; the run time from the process's ``stat``
+    (in ticks of 10 ms, no wait) where the kernel keeps no ``schedstat``."""
+    ran = waited = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # it just ended
+                run, wait, _ = (task / "schedstat").read_text().split()
+                ran, waited = ran + int(run), waited + int(wait)
+    except FileNotFoundError:
+        pass
+    if ran == 0 and not Path(f"/proc/{pid}/schedstat").exists():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 0.0
+    return ran / 1e9, waited / 1e9
 
 
 def with_children(pid: int) -> list[int]:
@@ -326,18 +343,39 @@ def busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+class CpuLoad(dict[str, float]):
+    """Per name, the CPU share used (1.0 = one core, summed over its processes); ``others``:
+    what the rest of the machine used (from ``/proc/stat``, in ticks of 10 ms: rough over a
+    short block, and never below 0). ``waited``: per name, the share of a core its threads
+    spent runnable but waiting for one (0 where the kernel does not say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited: dict[str, float] = {}
+
+    def waits(self) -> str:
+        """``waited`` as text: "relay 12%, drones 30%"."""
+        return ", ".join(f"{name} {share:.0%}" for name, share in self.waited.items())
+
+
 @contextlib.contextmanager
-def cpu_load(pids: dict[str, list[int]]) -> Iterator[dict[str, float]]:
-    """Per name, the CPU share (1.0 = one core, summed over its processes) used in the block;
-    ``others``: what every other process on the machine used meanwhile."""
-    result: dict[str, float] = {}
+def cpu_load(pids: dict[str, list[int]]) -> Iterator[CpuLoad]:
+    """The CPU the named groups of processes used in the block, and how long they waited for
+    a core (``CpuLoad``)."""
+    result = CpuLoad()
     start, machine = time.monotonic(), busy_seconds()
-    before = {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
+    before = {name: [task_seconds(p) for p in group] for name, group in pids.items()}
     yield result
     elapsed = time.monotonic() - start
     for name, group in pids.items():
-        result[name] = (sum(cpu_seconds(p) for p in group) - before[name]) / elapsed
-    result["others"] = (busy_seconds() - machine) / elapsed - sum(result.values())
+        spent = [
+            (now[0] - then[0], now[1] - then[1])
+            for now, then in zip([task_seconds(p) for p in group], before[name], strict=True)
+        ]
+        result[name] = sum(ran for ran, _ in spent) / elapsed
+        result.waited[name] = sum(waited for _, waited in spent) / elapsed
+    rest = (busy_seconds() - machine) / elapsed - sum(result.values())
+    result["others"] = max(0.0, rest)
 
 
 async def wait_quiet(limit: float = 30.0, threshold: float = 0.3) -> str:

@@ -155,9 +155,9 @@ async def main_async(args: argparse.Namespace, about: str) -> None:
             places.append(("sandbox", status.sandbox))
         rows = []
         for name, place in places:
-            seconds, rise = await flood(workdir, place)
+            flooded, rise = await flood(workdir, place)
             aborts = [await abort_once(workdir, place) for _ in range(args.aborts)]
-            rows.append([name, f"{seconds:.2f}", f"{rise:.1f}", str(len(aborts)), *summary(aborts)])
+            rows.append([name, f"{flooded:.2f}", f"{rise:.1f}", str(len(aborts)), *summary(aborts)])
     headers = ["`run_shell`", "1 GB output s", "peak RSS rise MB", "aborts", "p50 ms", "p99 ms"]
     print(table([*headers, "max ms"], rows))
 
