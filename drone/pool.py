@@ -344,8 +344,10 @@ class WorkerPool:
         assert process.stdout is not None
         try:
             await self._read(worker, process.stdout)
-        except FrameError as error:
-            log.error("%s wrote something else than frames (%s): stopped", worker.name, error)
+        except Exception as error:  # not frames, or (a bug) an event the drone cannot take:
+            # unread, the worker would wait forever; it is replaced, its turns end in error.
+            trace = not isinstance(error, FrameError)
+            log.error("%s sent what the drone cannot take: %s", worker.name, error, exc_info=trace)
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
         return await process.wait()

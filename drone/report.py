@@ -18,6 +18,8 @@ from hangar.shared.protocol import (
 TEXT_BATCH = 0.025
 """Text arriving within this many seconds of the last text sent goes out as one delta."""
 TEXT_BATCH_CHARS = 65_536
+"""Held text this long goes at once; and no delta carries more (a model's huge chunk, or a
+worker's batch of a fast stream, goes as several: the protocol bounds a delta's text)."""
 TEXT_EVENTS_PER_SECOND = 400
 """Text deltas a drone sends at most per second across its turns: with many turns streaming at
 once, each turn's window widens beyond ``TEXT_BATCH``, so a drone that runs 50 streams sends
@@ -121,13 +123,18 @@ class TurnReport:
         self._held.clear()
         self._held_chars = 0
         self._last_sent = asyncio.get_running_loop().time()
-        event = TextDelta(turn_id=self.turn_id, text=text, depth=self._held_depth)
-        if self._held_depth == 0:
-            event.at = self._said_chars
-            self._said.append(text)
-            self._said_chars += len(text)
-        # Queued for the socket before this returns (no await in between), so in order.
-        await self.sender.post(WORK_ORDER_PROGRESS, event.wire())
+        events = []
+        for start in range(0, len(text), TEXT_BATCH_CHARS):
+            piece = text[start : start + TEXT_BATCH_CHARS]
+            event = TextDelta(turn_id=self.turn_id, text=piece, depth=self._held_depth)
+            if self._held_depth == 0:
+                event.at = self._said_chars
+                self._said.append(piece)
+                self._said_chars += len(piece)
+            events.append(event.wire())
+        # Each is queued for the socket at once (python-socketio's queue never waits): in order.
+        for wire in events:
+            await self.sender.post(WORK_ORDER_PROGRESS, wire)
 
     def text_so_far(self) -> list[dict[str, Any]]:
         """The turn's own text sent so far, as deltas from its start (to send again)."""
