@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import socketio
 from pydantic import ValidationError
 
+from hangar.shared.packets import TextPacket
 from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
     APPROVE_TOOL_CALL,
@@ -85,6 +86,7 @@ class RelayConnection:
         self.instance = secrets.token_urlsafe(24)
         """This process's secret: only it may take the drone's place again on a reconnect."""
         self.sio = socketio.AsyncClient(
+            serializer=TextPacket,  # JSON only, like the relay's
             handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
             reconnection=True,
             reconnection_delay=0.2,

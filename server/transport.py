@@ -35,6 +35,7 @@ import socketio
 from engineio import packet as eio_packet
 from socketio import packet
 
+from hangar.shared.packets import TextPacket
 from hangar.shared.protocol import IDE_NAMESPACE, RESYNC, RETRY_LATER
 
 from .limits import QuietLog
@@ -126,14 +127,6 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
 
     def create_queue(self, *args: Any, **kwargs: Any) -> SendQueue:
         return SendQueue(*args, **kwargs)
-
-
-class TextPacket(packet.Packet):  # type: ignore[misc]
-    """socket.io's packet without its search of every payload for binary values (half the
-    cost of encoding a work order's history): Hangar sends JSON only, and a bytes value fails
-    to encode, loudly. A client's binary packet is refused before it is handled (above)."""
-
-    uses_binary_events = False
 
 
 InlineHandler = Callable[[str, list[Any]], "asyncio.Future[Any] | dict[str, Any] | None"]
