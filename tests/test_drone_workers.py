@@ -8,12 +8,13 @@ misses them (its loop answers between two reads of the flood, 100 ms and more ap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -409,25 +410,50 @@ async def long_session(relay: RelayHandle, person: str, turns: int) -> str:
     return "s_long"
 
 
+class Heard(logging.Handler):
+    """Sets ``event`` the moment a line that ``wanted`` is logged in this process (where the
+    drones of ``start_drone`` run), without waiting for a poll."""
+
+    def __init__(self, wanted: Callable[[str], bool]) -> None:
+        super().__init__(logging.INFO)
+        self.wanted = wanted
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.wanted(record.getMessage()):
+            self.event.set()
+
+    @contextlib.contextmanager
+    def on(self, name: str) -> Iterator[None]:
+        logger = logging.getLogger(name)
+        level = logger.level
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        logger.addHandler(self)
+        try:
+            yield
+        finally:
+            logger.removeHandler(self)
+            logger.setLevel(level)
+
+
 async def test_a_long_history_in_one_order_does_not_delay_another_orders_abort_ack(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
     start_drone: Start,
     browsers: Start,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "hangar.drone")
     openai_peer.script(SLOW, Reply(chunks=["ok"]))
     await start_drone(Upstream("openai", openai_peer), workers=1, concurrency=2)
     person, long_one = await browsers(), await browsers("historian")
     turn_id = (await person.submit("Stream slowly"))["turnId"]
     await person.wait_text(turn_id, pieces=3, timeout=20)
     session_id = await long_session(relay, "historian", 1000)
-    long_turn = (await long_one.submit("And now?", sessionId=session_id))["turnId"]
-    accepted = f"work order turn={long_turn} accepted=True"
-    await eventually(lambda: accepted in caplog.text, 10, "the drone to accept the long order")
-
-    asked, acked = await abort_timed(person, turn_id)
+    accepted = Heard(lambda line: "accepted=True" in line and turn_id not in line)
+    with accepted.on("hangar.drone"):
+        long_turn = (await long_one.submit("And now?", sessionId=session_id))["turnId"]
+        # The abort goes the moment the drone hands the long order to its worker.
+        await asyncio.wait_for(accepted.event.wait(), 10)
+        asked, acked = await abort_timed(person, turn_id)
 
     assert acked < ACK_WITHIN, f"acked after {acked * 1000:.0f} ms"
     assert await long_one.completion(long_turn, timeout=20) == (long_turn, True, "ok")
