@@ -14,6 +14,7 @@ at once; what must be kept is kept outside any scope, so it is never interrupted
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -21,9 +22,26 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hangar.shared.abort import AbortController, AbortError, AbortSignal, linked_controller
-from hangar.shared.protocol import STALLED, TOOL_CANCELLED, ChatMessage, ToolCall, Usage
+from hangar.shared.protocol import (
+    ANSWER_TOO_LONG,
+    MAX_MESSAGE_BYTES,
+    STALLED,
+    TOOL_CANCELLED,
+    ChatMessage,
+    ToolCall,
+    Usage,
+)
 
-from .providers import ChatOptions, Provider, TextChunk, ToolCallRequest, ToolSpec, UsageReport
+from .providers import (
+    ChatEvent,
+    ChatOptions,
+    Provider,
+    ProviderError,
+    TextChunk,
+    ToolCallRequest,
+    ToolSpec,
+    UsageReport,
+)
 
 log = logging.getLogger("hangar.agent")
 
@@ -161,8 +179,11 @@ class Agent:
         calls: list[ToolCall],
     ) -> None:
         """One model call, read inside an abort scope: ``text`` and ``calls`` fill as it streams
-        (what streamed before an abort stays in them); the tokens it used are tallied."""
+        (what streamed before an abort stays in them); the tokens it used are tallied. An answer
+        that would not fit in a message (``MAX_MESSAGE_BYTES``) is a ``ProviderError``: the
+        stream is closed there, and what came before it is not kept."""
         counted = False
+        size = 0
         try:
             with linked_controller(signal) as call, _StallWatch(call, self.stall) as watch:
                 async with call.signal.scope() as scope:
@@ -171,6 +192,9 @@ class Agent:
                     async with aclosing(stream) as events:
                         async for event in events:
                             watch.heard()
+                            size += _wire_size(event)
+                            if size > MAX_MESSAGE_BYTES:
+                                raise ProviderError(ANSWER_TOO_LONG)
                             await self._take(event, text, calls)
                             counted = counted or isinstance(event, UsageReport)
         finally:
@@ -258,6 +282,15 @@ class Agent:
                 await self.report.message(message)
 
         return keep
+
+
+def _wire_size(event: ChatEvent) -> int:
+    """Bytes ``event`` adds to its message as the relay gets it (JSON, non-ASCII escaped)."""
+    if isinstance(event, TextChunk):
+        return len(json.dumps(event.text)) - 2
+    if isinstance(event, ToolCallRequest):
+        return len(json.dumps([event.id, event.name, event.arguments])) + 64  # and its keys
+    return 0
 
 
 class _StallWatch:

@@ -97,6 +97,10 @@ RAN_ALREADY = "This work order has run on this drone already."
 """A drone's answer to a work order sent again after its first answer was lost."""
 """The result the relay gives a tool call left open by an ending it decided (not an abort)."""
 STALLED = "The model service stopped responding."
+MAX_MESSAGE_BYTES = 3_000_000
+"""The most a finished message (its content and tool calls, as JSON) may take: a drone sends it
+to the relay in one event, and the relay takes no event over 4,000,000 bytes."""
+ANSWER_TOO_LONG = "The model's answer is longer than a message may be; the drone stopped it."
 RETRY_LATER = "The relay could not store this now; send it again."
 """A drone's event the relay could not handle for a reason of its own (its database is down,
 say): the ack says ``{ok: false, error, retry: true}`` and the drone sends it again later."""

@@ -227,8 +227,10 @@ async def test_a_drone_that_falls_behind_holds_its_workers_back_and_loses_nothin
     drone_process: Callable[..., subprocess.Popen[bytes]],
     browser: Browser,
 ) -> None:
-    chunks = [f"{n:07d}" + "x" * 1017 for n in range(100_000)]  # 100 MB, 1 kB a chunk
-    openai_peer.script(Reply(chunks=chunks))
+    # 100 MB, 10 kB a chunk, at about 10 MB/s: far more than the pipes and sockets between hold,
+    # and slow enough that the answer is still short of a message's bound when the drone freezes.
+    chunks = [f"{n:07d}" + "x" * 10_233 for n in range(10_000)]
+    openai_peer.script(Reply(chunks=chunks, delay=0.001))
     drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
     await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
     turn_id = (await browser.submit("Flood"))["turnId"]
