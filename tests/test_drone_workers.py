@@ -39,6 +39,7 @@ Start = Callable[..., Any]
 
 SLOW = Reply(chunks=[f"word{i} " for i in range(400)], delay=0.03)
 FLOOD = Reply(chunks=["x"] * 1_000_000, chunks_per_write=100)
+CYCLE = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
 """As fast as the drone reads: it parses chunks with all the CPU it gets (written 100 at a time,
 so that the peer, in the tests' process beside the relay, stays far from busy)."""
 FLOODS = 3
@@ -227,10 +228,11 @@ async def test_a_drone_that_falls_behind_holds_its_workers_back_and_loses_nothin
     drone_process: Callable[..., subprocess.Popen[bytes]],
     browser: Browser,
 ) -> None:
-    # 100 MB, 10 kB a chunk, at about 10 MB/s: far more than the pipes and sockets between hold,
-    # and slow enough that the answer is still short of a message's bound when the drone freezes.
-    chunks = [f"{n:07d}" + "x" * 10_233 for n in range(10_000)]
-    openai_peer.script(Reply(chunks=chunks, delay=0.001))
+    # 2,900,000 chunks, some 400 MB of the service's stream: far more than the pipes and sockets
+    # between hold. Their text, 2.9 MB (a character each, in a cycle of 61), is within a
+    # message's bound (MAX_MESSAGE_BYTES) even read whole, however late the abort lands.
+    chunks = [CYCLE[n % len(CYCLE)] for n in range(2_900_000)]
+    openai_peer.script(Reply(chunks=chunks, chunks_per_write=100))
     drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
     await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
     turn_id = (await browser.submit("Flood"))["turnId"]
