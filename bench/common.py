@@ -302,11 +302,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds the process has used so far (its live threads, to the nanosecond)."""
-    return task_seconds(pid)[0]
-
-
 def task_seconds(pid: int) -> tuple[float, float]:
     """Seconds the process's live threads have run so far, and waited to run (runnable, no
     core free), from each thread's ``schedstat``; the run time from the process's ``stat``
