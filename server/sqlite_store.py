@@ -252,13 +252,13 @@ class SqliteTurnStore:
 
         def update(conn: sqlite3.Connection) -> TurnRecord | None:
             messages = _messages_of(conn, turn_id)
-            if ending.messages:  # a drone's: only a turn it runs takes them
+            if ending.messages:  # a drone's: only a turn it runs (and may end here) takes them
+                if "processing" not in from_statuses:
+                    return None
                 found = conn.execute(
                     "SELECT status FROM turns WHERE turn_id = ?", (turn_id,)
                 ).fetchone()
                 if found is None or found["status"] != "processing":
-                    return None
-                if "processing" not in from_statuses:
                     return None
                 fresh = unstored(len(messages), ending.messages)
                 _insert_messages(conn, turn_id, fresh)
