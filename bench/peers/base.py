@@ -239,6 +239,11 @@ class UpstreamPeer:
         if counted and rec.chunks_sent > 0 and reply.delay > 0:
             await asyncio.sleep(reply.delay)
         await resp.write(data.encode("utf-8"))
+        if reply.delay <= 0:
+            # A write the socket takes whole does not yield: without this, an unpaced reply
+            # would hold the loop of the process it shares (the tests') for as long as its
+            # reader keeps up, hundreds of ms at a time.
+            await asyncio.sleep(0)
         if not counted:
             return
         rec.chunks_sent += chunks

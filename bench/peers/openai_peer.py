@@ -213,10 +213,19 @@ class OpenAIPeer(UpstreamPeer):
             role = {"role": "assistant", "content": "", "refusal": None}
             await self.emit(rec, resp, event(role), counted=False)
             role_sent = True
+        encoded: dict[str, str] = {}  # a short piece that recurs is encoded once per reply
+
+        def content(piece: str) -> str:
+            if len(piece) > 64:
+                return event({"content": piece})
+            if piece not in encoded:
+                encoded[piece] = event({"content": piece})
+            return encoded[piece]
+
         step = max(1, reply.chunks_per_write)
         for start in range(0, len(reply.chunks), step):
             pieces = reply.chunks[start : start + step]
-            data = "".join(event({"content": piece}) for piece in pieces)
+            data = "".join(map(content, pieces))
             await self.emit(rec, resp, data, chunks=len(pieces))
         if reply.garbage is not None:
             await self.emit(rec, resp, f"data: {reply.garbage}\n\n", counted=False)
