@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -141,6 +142,42 @@ async def test_openai_close_mid_stream_is_seen_as_disconnect(
     assert disconnected_at - closed_at < PROMPT_DISCONNECT
     rec = openai_peer.requests[-1]
     assert rec.disconnected and not rec.completed and rec.chunks_sent == 1
+
+
+READ_ALL = """
+import json, sys, urllib.request
+body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+request = urllib.request.Request(sys.argv[1], json.dumps(body).encode(), method="POST")
+request.add_header("Content-Type", "application/json")
+with urllib.request.urlopen(request) as response:
+    while response.read(1 << 16):
+        pass
+"""
+"""Another process that reads a stream as fast as it comes, as a drone's worker does."""
+
+
+async def test_an_unpaced_reply_leaves_the_loop_it_shares_to_others(
+    openai_peer: OpenAIPeer,
+) -> None:
+    # The tests run the relay, the browsers and the peer on one loop: a peer that held it while
+    # its reader kept up delayed everything else there, an abort's every hop included.
+    openai_peer.script(Reply(chunks=["x"] * 1_500_000, chunks_per_write=100))
+    url = openai_peer.base_url + "/v1/chat/completions"
+    reader = await asyncio.create_subprocess_exec(sys.executable, "-c", READ_ALL, url)
+    try:
+        await openai_peer.wait_for_chunks(100, timeout=20)
+        lags = []
+        while openai_peer.requests[-1].ended is None and len(lags) < 20_000:
+            asked = time.monotonic()
+            await asyncio.sleep(0.001)
+            lags.append(time.monotonic() - asked)
+        assert await asyncio.wait_for(reader.wait(), 20) == 0
+    finally:
+        if reader.returncode is None:
+            reader.kill()
+            await reader.wait()
+    assert openai_peer.requests[-1].completed, "the reader read the whole stream"
+    assert max(lags) < 0.05, f"the loop was held {max(lags) * 1000:.0f} ms"
 
 
 async def test_openai_rejects_unanswered_tool_call(
