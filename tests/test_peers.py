@@ -178,6 +178,7 @@ async def test_an_unpaced_reply_leaves_the_loop_it_shares_to_others(
             await reader.wait()
     assert openai_peer.requests[-1].completed, "the reader read the whole stream"
     assert max(lags) < 0.1, f"the loop was held {max(lags) * 1000:.0f} ms"
+    assert len(lags) > 50, "the loop was watched while the reply streamed"
 
 
 async def test_openai_rejects_unanswered_tool_call(
