@@ -251,7 +251,6 @@ class SqliteTurnStore:
         sql = end_turn_sql(from_statuses)
 
         def update(conn: sqlite3.Connection) -> TurnRecord | None:
-            messages = _messages_of(conn, turn_id)
             if ending.messages:  # a drone's: only a turn it runs (and may end here) takes them
                 if "processing" not in from_statuses:
                     return None
@@ -260,9 +259,10 @@ class SqliteTurnStore:
                 ).fetchone()
                 if found is None or found["status"] != "processing":
                     return None
-                fresh = unstored(len(messages), ending.messages)
-                _insert_messages(conn, turn_id, fresh)
-                messages += fresh
+            messages = _messages_of(conn, turn_id)  # read only once the ending may apply
+            fresh = unstored(len(messages), ending.messages)
+            _insert_messages(conn, turn_id, fresh)
+            messages += fresh
             added, text = closing_messages(messages, ending.text, ending.status)
             values = end_turn_values(turn_id, replace(ending, text=text), from_statuses)
             row = conn.execute(sql, values).fetchone()
