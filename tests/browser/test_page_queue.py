@@ -34,23 +34,29 @@ from tests.conftest import Browser, RelayHandle, Upstream
 pytestmark = pytest.mark.browser
 
 
-async def record_statuses(page: Page, turn: Locator) -> None:
-    """Record every status the turn's card passes through, and every text its foot shows."""
-    await turn.evaluate(
-        """(card) => {
-            const mine = { statuses: [card.dataset.status], feet: [] };
-            (window.__seen ??= {})[card.dataset.turnId] = mine;
-            const foot = card.querySelector(".turn-foot");
-            const record = () => {
-                const status = card.dataset.status;
-                if (mine.statuses.at(-1) !== status) mine.statuses.push(status);
-                mine.feet.push(foot.textContent);
-            };
-            new MutationObserver(record).observe(card, {
-                attributes: true, childList: true, characterData: true, subtree: true,
-            });
-        }"""
-    )
+RECORD_STATUSES = """(root) => {
+    // Every turn card in root (or root itself), and those added to it later.
+    const seen = (window.__seen ??= {});
+    const record = () => {
+        const cards = root.matches("article.turn") ? [root] : root.querySelectorAll("article.turn");
+        for (const card of cards) {
+            const mine = (seen[card.dataset.turnId] ??= { statuses: [], feet: [] });
+            const status = card.dataset.status;
+            if (mine.statuses.at(-1) !== status) mine.statuses.push(status);
+            mine.feet.push(card.querySelector(".turn-foot").textContent);
+        }
+    };
+    record();
+    new MutationObserver(record).observe(root, {
+        attributes: true, childList: true, characterData: true, subtree: true,
+    });
+}"""
+
+
+async def record_statuses(page: Page, turn: Locator | None = None) -> None:
+    """Record every status a turn's card passes through, and every text its foot shows: of
+    ``turn``, or of every card shown from now on."""
+    await (turn or page.locator("#turns")).evaluate(RECORD_STATUSES)
 
 
 async def seen(page: Page, turn_id: str) -> dict[str, list[str]]:
@@ -201,12 +207,12 @@ async def test_ctrl_enter_interrupts_the_turn_and_sends_the_prompt(
     await expect(page.locator(".shortcuts")).to_contain_text("Ctrl+Enter interrupt and send")
 
     await page.fill("#prompt", "Stop that, answer this")
+    await record_statuses(page)  # the second turn may end before the test sees its card
     await page.press("#prompt", "Control+Enter")
 
     turns = page.locator("#turns article.turn")
     await expect(turns).to_have_count(2, timeout=WAIT_MS)
     second = turns.nth(1)
-    await record_statuses(page, second)
     await expect(first).to_have_class(has_class("aborted"), timeout=WAIT_MS)
     await expect(first.locator(".turn-status")).to_have_text(ABORTED_STATUS)
     await expect(first.locator(".turn-usage")).to_have_text(re.compile(r"^about \d"))
