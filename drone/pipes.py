@@ -4,6 +4,8 @@ Each frame is a 4-byte big-endian length, then that many bytes of UTF-8 JSON. Th
 one message per frame to a worker's stdin (``["order", …]``, ``["abort", turn, mode]``, …); a
 worker writes a list of events per frame to its stdout, so a burst of text costs the drone one
 read and one decode. JSON, not pickle: what a worker writes can never run code in the drone.
+
+``WorkerProcess`` is the drone's end of one worker: its process and the frames written to it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import sys
 from typing import Any, BinaryIO
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 """Larger than any work order the relay may send (its history is bounded well below)."""
+READ_LIMIT = 1 << 20
+"""The buffer of a worker's stdout in the drone."""
 
 
 class FrameError(Exception):
@@ -66,3 +71,53 @@ def _decode(payload: bytes) -> Any:
         return json.loads(payload)
     except ValueError as error:
         raise FrameError(f"A frame is not JSON: {error}.") from None
+
+
+class WorkerProcess:
+    """One worker: its process, what is sent to it before it exists, whether it is up."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.process: asyncio.subprocess.Process | None = None
+        self.backlog: list[bytes] = []
+        """Frames for a worker being (re)started."""
+        self.ready = asyncio.Event()
+        self.exited = asyncio.Event()
+
+    async def start(self, settings: bytes) -> asyncio.subprocess.Process:
+        self.ready.clear()
+        self.exited.clear()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "hangar.drone.worker_process",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=READ_LIMIT,
+        )
+        self.process = process
+        self.send(settings)
+        backlog, self.backlog = self.backlog, []
+        for data in backlog:
+            self.send(data)
+        return process
+
+    def send(self, data: bytes) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            self.backlog.append(data)
+            return
+        assert process.stdin is not None
+        if not process.stdin.is_closing():
+            process.stdin.write(data)
+
+    def close(self) -> None:
+        """Close the pipe to the worker: it aborts what it still runs and exits."""
+        process = self.process
+        if process is not None and process.stdin is not None and not process.stdin.is_closing():
+            process.stdin.close()
+
+    @property
+    def name(self) -> str:
+        pid = self.process.pid if self.process is not None else "-"
+        return f"worker {self.number} (pid {pid})"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -24,6 +23,7 @@ from typing import Any, Literal, Protocol
 from hangar.shared.abort import AbortSignal
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
+    ABORTED,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
     RAN_ALREADY,
@@ -36,7 +36,7 @@ from hangar.shared.protocol import (
 
 from .histories import MAX_SESSIONS
 from .outbox import relog
-from .pipes import FrameError, frame, frame_bytes, read_frame
+from .pipes import FrameError, WorkerProcess, frame, frame_bytes, read_frame
 from .service import remember
 
 log = logging.getLogger("hangar.drone")
@@ -49,7 +49,6 @@ EXIT_WITHIN = 5.0
 RESTART_PAUSES = (0.0, 1.0, 2.0, 5.0)
 """Seconds before a dead worker is replaced: longer while replacements keep dying young."""
 YOUNG = 10.0
-READ_LIMIT = 1 << 20
 
 
 class WorkerStartError(Exception):
@@ -74,56 +73,6 @@ class Outlet(Protocol):
     def report_for(self, turn_id: str) -> Progress: ...
 
     async def complete(self, turn_id: str, success: bool, message: str, ending: Ending) -> None: ...
-
-
-class WorkerProcess:
-    """One worker: its process, what is sent to it before it exists, whether it is up."""
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.process: asyncio.subprocess.Process | None = None
-        self.backlog: list[bytes] = []
-        """Frames for a worker being (re)started."""
-        self.ready = asyncio.Event()
-        self.exited = asyncio.Event()
-
-    async def start(self, settings: bytes) -> asyncio.subprocess.Process:
-        self.ready.clear()
-        self.exited.clear()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "hangar.drone.worker_process",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=READ_LIMIT,
-        )
-        self.process = process
-        self.send(settings)
-        backlog, self.backlog = self.backlog, []
-        for data in backlog:
-            self.send(data)
-        return process
-
-    def send(self, data: bytes) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            self.backlog.append(data)
-            return
-        assert process.stdin is not None
-        if not process.stdin.is_closing():
-            process.stdin.write(data)
-
-    def close(self) -> None:
-        """Close the pipe to the worker: it aborts what it still runs and exits."""
-        process = self.process
-        if process is not None and process.stdin is not None and not process.stdin.is_closing():
-            process.stdin.close()
-
-    @property
-    def name(self) -> str:
-        pid = self.process.pid if self.process is not None else "-"
-        return f"worker {self.number} (pid {pid})"
 
 
 @dataclass
@@ -385,7 +334,16 @@ class WorkerPool:
                 assigned.waiting.pop(call.id, None)
             await assigned.report.tool(call, state, depth, event[5])
         elif kind == "complete":
-            await self._end(turn_id, event[2], event[3], Ending.model_validate(event[4]))
+            success, message, ending = event[2], event[3], Ending.model_validate(event[4])
+            if assigned.aborted and ending.reason == "finished":
+                # Answered "Abort signaled" while this ending was on its way: it ends aborted,
+                # as that answer promised (and as the worker's own late abort would).
+                success, message, ending = (
+                    True,
+                    ABORTED,
+                    ending.model_copy(update={"reason": "aborted"}),
+                )
+            await self._end(turn_id, success, message, ending)
 
     async def _end(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
         if self.running.pop(turn_id, None) is None:

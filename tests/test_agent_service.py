@@ -5,15 +5,19 @@ recorder that can fire the abort at a precise point (as an abort arriving then w
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.config import DroneConfig
+from hangar.drone.pool import WorkerPool
 from hangar.drone.providers import OpenAIProvider
 from hangar.drone.service import AgentService, ToolSettings
 from hangar.drone.tools.policy import ToolPolicy
+from hangar.drone.worker_process import settings_wire
 from hangar.shared.abort import AbortController
 from hangar.shared.protocol import (
     RAN_ALREADY,
@@ -51,7 +55,7 @@ class Recorder:
     def report_for(self, turn_id: str) -> Recorder:
         return self
 
-    async def text(self, text: str, depth: int) -> None:
+    async def text(self, text: str, depth: int, chunks: int = 1) -> None:
         return None
 
     async def message(self, message: ChatMessage) -> None:
@@ -164,6 +168,38 @@ async def test_abort_between_the_tool_round_and_the_next_model_call_keeps_real_r
         ("tool", "a.txt"),
     ]
     await the_conversation_goes_on(service, recorder, openai_peer, "Look around")
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in the drone", "in a worker"])
+async def test_an_abort_acked_as_the_answer_comes_in_ends_the_turn_aborted(
+    openai_peer: OpenAIPeer, tmp_path: Path, workers: int
+) -> None:
+    """The drone answers "Abort signaled" the moment the whole answer reaches it: the turn ends
+    aborted, as that answer promises (docs/protocol.md, "Aborting"), and keeps the answer. In a
+    worker, the answer and its finished ending are already on their way to the drone then."""
+    recorder = Recorder()
+    openai_peer.script(Reply(chunks=["All ", "of ", "it."]))
+    work: AgentService | WorkerPool
+    if workers:
+        config = DroneConfig(
+            provider="openai", model="gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1"
+        )
+        settings = settings_wire(config, None, log_level=logging.WARNING)
+        root = AbortController().signal
+        work = WorkerPool(settings, recorder, root=root, workers=workers, concurrency=2)
+        await work.start()
+    else:
+        work = service_for(openai_peer, recorder, tmp_path)
+    answers: list[tuple[bool, str]] = []
+    recorder.on_message = lambda message: answers.append(work.abort("t_1"))
+    try:
+        assert work.accept(order("t_1", "Answer in full")) == {"ok": True}
+        assert await finished(recorder) == ("t_1", True, "aborted")
+    finally:
+        await (work.close() if isinstance(work, WorkerPool) else work.drain())
+    assert answers == [(True, "Abort signaled")]
+    assert recorder.endings[-1].reason == "aborted"
+    assert [(m.role, m.content) for m in recorder.messages] == [("assistant", "All of it.")]
 
 
 async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
