@@ -733,6 +733,7 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         openai_peer.script(SLOW)
         first = drone_process(Upstream("openai", openai_peer), server=url, token=token)
         await eventually(lambda: relay.directory.local, timeout=15, what="the drone")
+        (killed,) = relay.directory.local.values()
         turn_id = (await browser.submit("Stream for a while"))["turnId"]
         await browser.wait_text(turn_id, pieces=3, timeout=10)
 
@@ -740,7 +741,11 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         # The same drone (its own token, so its own name) is back within the grace, as a new
         # process that knows nothing of the turn.
         drone_process(Upstream("openai", openai_peer), server=url, token=token, name="again")
-        await eventually(lambda: relay.directory.local, timeout=15, what="the drone back")
+        await eventually(
+            lambda: [r for r in relay.directory.local.values() if r.instance != killed.instance],
+            timeout=15,
+            what="the drone back, a new process",  # not the killed one, until the relay sees
+        )
 
         # At once: this relay saw the drone accept the order, so it is not on its way any more.
         _, success, message = await browser.completion(turn_id, timeout=3)
