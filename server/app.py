@@ -165,6 +165,12 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
                 async with asyncio.timeout(0.5):
                     await manager.flush()
             await manager.close()
+        # engine.io's own task that watches the connections ends only when told (a cancel at
+        # the instant its wait times out is lost in Python 3.11's ``wait_for``). Told, it ends
+        # after its round over the connections left, by itself if not within the bound.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await sio.shutdown()
         log.info("stopped in %.2f s", time.monotonic() - stopping[0] if stopping else 0.0)
 
     stopping: list[float] = []

@@ -126,10 +126,12 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
         await self._idle.wait()
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
+        """Stop sending to the other relays and listening to them."""
+        for task in (self._writer, getattr(self, "thread", None)):  # ``thread``: the listener
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # ---- from the other relays
 

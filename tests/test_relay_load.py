@@ -5,6 +5,7 @@ and the sweep over ten thousand running turns takes milliseconds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -351,3 +353,29 @@ async def test_a_turn_another_relay_ended_is_refused_and_aborted_on_the_drones_r
     finally:
         for runner, _ in runners:
             await runner.cleanup()
+
+
+@pytest.mark.parametrize("with_redis", [False, True], ids=["memory", "redis"])
+async def test_a_relay_that_stops_leaves_nothing_running(tmp_path: Path, with_redis: bool) -> None:
+    """Stopped, a relay ends every task it started (engine.io's watch over the connections,
+    the listener on the Redis channel): none lingers to run on after it, or to hold up the
+    loop's end (a lost cancel once kept engine.io's watch going forever)."""
+    before = asyncio.all_tasks()
+
+    def lingering() -> list[asyncio.Task[Any]]:
+        return [task for task in asyncio.all_tasks() - before if not task.done()]
+
+    async with redis_for(with_redis) as redis:
+        database = str(tmp_path / "hangar.db")
+        config = RelayConfig(
+            port=0, database=database, drone_token=DRONE_TOKEN, redis=redis, ping=(0.5, 1.0)
+        )
+        runner, port = await start_relay(config)
+        relay = runner.app[RELAY]
+        async with HandDrone(f"http://127.0.0.1:{port}", "hand-1"):
+            await eventually(lambda: "hand-1" in relay.directory.local, what="the drone")
+        await runner.cleanup()
+    # engine.io's ping timer of a closed connection ends by itself within a ping interval.
+    with contextlib.suppress(AssertionError):
+        await eventually(lambda: not lingering(), timeout=3, what="the relay's tasks to end")
+    assert lingering() == [], [task.get_coro() for task in lingering()]
