@@ -741,10 +741,11 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         # The same drone (its own token, so its own name) is back within the grace, as a new
         # process that knows nothing of the turn.
         drone_process(Upstream("openai", openai_peer), server=url, token=token, name="again")
+        # The killed process stays listed until the relay sees its connection gone.
         await eventually(
             lambda: [r for r in relay.directory.local.values() if r.instance != killed.instance],
             timeout=15,
-            what="the drone back, a new process",  # not the killed one, until the relay sees
+            what="the drone back, a new process",
         )
 
         # At once: this relay saw the drone accept the order, so it is not on its way any more.
