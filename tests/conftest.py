@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,8 @@ class Browser:
     login: str | None = None
     sio: socketio.AsyncClient = field(default_factory=socketio.AsyncClient)
     events: list[tuple[str, Any]] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)
+    """When each of ``events`` arrived (``time.monotonic()``)."""
 
     async def connect(self) -> Browser:
         self.sio.on("*", self._record, namespace=IDE_NAMESPACE)
@@ -212,7 +215,11 @@ class Browser:
         return self
 
     async def _record(self, event: str, *args: Any) -> None:
-        self.events.append((event, args[0] if len(args) == 1 else args))
+        self._note(event, args[0] if len(args) == 1 else args)
+
+    def _note(self, event: str, args: Any) -> None:
+        self.events.append((event, args))
+        self.arrived.append(time.monotonic())
 
     async def call(self, event: str, *data: Any, timeout: float = 5.0) -> Any:
         return await self.sio.call(event, *data, namespace=IDE_NAMESPACE, timeout=timeout)
@@ -226,7 +233,7 @@ class Browser:
         answered: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
 
         def on_ack(success: bool, message: str) -> None:
-            self.events.append(("abortAck", (turn_id, success, message)))
+            self._note("abortAck", (turn_id, success, message))
             answered.set_result((success, message))
 
         payload = {"turnId": turn_id} if turn_id else {}
@@ -268,6 +275,14 @@ class Browser:
         return [
             args
             for event, args in self.events
+            if event == "workOrderProgress" and args["turnId"] == turn_id and args["kind"] == kind
+        ]
+
+    def progress_times(self, turn_id: str, kind: str = "text") -> list[float]:
+        """When each of ``progress(turn_id, kind)`` arrived (``time.monotonic()``)."""
+        return [
+            when
+            for (event, args), when in zip(self.events, self.arrived, strict=True)
             if event == "workOrderProgress" and args["turnId"] == turn_id and args["kind"] == kind
         ]
 
