@@ -1,5 +1,5 @@
-"""The turn lifecycle: submit, abort, and ending each turn exactly once (what drones report
-on their turns is ``reports``).
+"""The turn lifecycle: submit and abort (ending each turn exactly once is ``endings``; what
+drones report on their turns is ``reports``).
 
 A submitted turn is stored ``queued`` and the dispatcher starts it on a drone with room (at
 once, when one is free). Turns live in the store, whose conditional update makes the first
@@ -17,7 +17,6 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import replace
 from typing import Any
 
 import socketio
@@ -29,19 +28,13 @@ from hangar.shared.protocol import (
     APPROVE_TOOL_CALL,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
-    TURN_ENDED,
     TURN_STARTED,
     UNKNOWN_TURN,
-    WORK_ORDER_COMPLETE,
-    WORK_ORDER_PROGRESS,
     AbortOrder,
     AbortWorkOrderRequest,
     ChatMessage,
-    MessageAdded,
     SubmitWorkOrder,
     ToolApproval,
-    TurnEnded,
-    TurnStatus,
     session_title,
 )
 
@@ -49,6 +42,7 @@ from . import queue
 from .accounts import User
 from .directory import DroneDirectory
 from .dispatch import Dispatcher
+from .endings import TurnEndings, brief, honoured
 from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
@@ -77,7 +71,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-class TurnLifecycle:
+class TurnLifecycle(TurnEndings):
     def __init__(
         self,
         store: TurnStore,
@@ -148,7 +142,7 @@ class TurnLifecycle:
             return False, turn
         if turn.status == "queued" and request.mode == "now":
             ending = Ending("aborted", ABORTED, "aborted", ended_by=viewer.name)
-            if await self.end_turn(turn.turn_id, ending, from_statuses=("queued",)):
+            if await self.end_here(turn.turn_id, ending, from_statuses=("queued",)):
                 log.info("abort turn=%s before it started", turn.turn_id)
                 return True, ABORT_SIGNALED
             turn = await self.store.get_turn(turn.turn_id, messages=False) or turn  # it started
@@ -165,8 +159,7 @@ class TurnLifecycle:
             # Its drone is away (maybe coming back): the abort is honoured now, and the drone
             # is told when it is heard from again (the turn has ended by then).
             log.info("abort turn=%s while its drone is away: ended by the relay", turn.turn_id)
-            await self.end_turn(turn.turn_id, self._unanswered(viewer))
-            return True, ABORT_SIGNALED
+            return honoured(await self.end_here(turn.turn_id, self._unanswered(viewer)))
         return await self._tell_drone(turn.turn_id, route, request.mode, viewer)
 
     async def _abort_target(self, viewer: User, request: AbortWorkOrderRequest) -> TurnRecord | str:
@@ -223,16 +216,19 @@ class TurnLifecycle:
             )
         except socketio.exceptions.SocketIOError:
             # A frozen or vanished drone: the abort is honoured anyway. The turn ends now
-            # (after this ack, as always); the drone hears of it when it is heard from again.
+            # (announced after this ack, as always); the drone hears of it when it is heard
+            # from again.
             log.warning(
                 "abort turn=%s drone=%s: no answer within %g s; ended by the relay",
                 turn_id,
                 route.drone_id,
                 self.abort_answer,
             )
-            ending = self._unanswered(viewer)
-            self.dispatcher.background.spawn(self.end_turn_quietly(turn_id, ending))
-            return True, ABORT_SIGNALED
+            try:
+                return honoured(await self.end_here(turn_id, self._unanswered(viewer)))
+            except Exception as error:  # the store failed: the sweep ends the turn later
+                log.warning("could not end turn=%s now: %s", turn_id, brief(error))
+                return True, ABORT_SIGNALED
         finally:
             # Marked just before the ack goes out: a completion waiting on it is sent after it.
             await self.live_state.abort_answered(turn_id)
@@ -283,80 +279,6 @@ class TurnLifecycle:
             **({"error": str(result.get("error"))} if not result["ok"] else {}),
         }
 
-    # ---- ending turns
-
-    async def end_turn(
-        self,
-        turn_id: str,
-        ending: Ending,
-        from_statuses: tuple[TurnStatus, ...] = ("queued", "processing"),
-    ) -> bool:
-        """End a turn once: the first terminal write wins, later ones are logged and ignored."""
-        try:
-            text, _ = await self.live_state.text(turn_id)
-        except Exception as error:  # Redis failing: the store keeps the messages' text
-            log.warning("live text not read turn=%s: %s", turn_id, _brief(error))
-            text = ""
-        ended = await self.store.end_turn(
-            turn_id,
-            replace(ending, text=text or ending.text),
-            from_statuses,
-        )
-        if ended is None:
-            log.info("late end ignored turn=%s status=%s", turn_id, ending.status)
-            return False
-        self.reaper.forget(turn_id)
-        self.live.pop(turn_id, None)
-        self.abort_asked_by.pop(turn_id, None)
-        self.accepted.pop(turn_id, None)
-        # The ending is stored: what follows only tells people, and must not fail on Redis.
-        try:
-            await self.live_state.forget_turn(turn_id)
-            # The abort ack and the completion are separate; the ack goes first (bounded
-            # below the drone's own wait for this completion's ack).
-            await self.live_state.wait_abort_answered(turn_id, self.abort_answer)
-        except Exception as error:  # Redis failing: its keys expire by themselves
-            log.warning("live state not updated turn=%s: %s", turn_id, _brief(error))
-        self.metrics.ended(ended.status, ending.reason, ending.usage)
-        log.info(
-            "turn ended turn=%s drone=%s status=%s reason=%s",
-            turn_id,
-            ended.drone_id,
-            ended.status,
-            ending.reason,
-        )
-        for number, message in ending.messages:  # as if each had come on its own, before
-            shown = MessageAdded(turn_id=turn_id, message=message, number=number).wire()
-            self.metrics.progress_events.inc()
-            await self.rooms.to_session(
-                ended.session_id, WORK_ORDER_PROGRESS, {**shown, "sessionId": ended.session_id}
-            )
-        success = ended.status != "error"
-        await self.rooms.to_session(
-            ended.session_id, WORK_ORDER_COMPLETE, (turn_id, success, ending.result)
-        )
-        event = TurnEnded(
-            turn_id=turn_id,
-            session_id=ended.session_id,
-            status=ended.status,
-            reason=ending.reason,
-            result=ending.result,
-            ended_by=ended.ended_by,
-            usage=ending.usage,
-        )
-        await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
-        await self.directory.broadcast()
-        self.dispatcher.wake()  # a slot is free, or the session's next turn may start
-        return True
-
-    async def end_turn_quietly(self, turn_id: str, ending: Ending) -> None:
-        """``end_turn`` from a background task: a failure is one log line (the sweep, which
-        runs every second, ends the turn once the store answers again)."""
-        try:
-            await self.end_turn(turn_id, ending)
-        except Exception as error:
-            log.warning("could not end turn=%s now: %s", turn_id, _brief(error))
-
     def started(self, turn: TurnRecord) -> None:
         """Its drone accepted the turn's work order: live here if the drone is connected here."""
         if turn.drone_id is not None:
@@ -372,10 +294,6 @@ def _quietly(task: asyncio.Future[Any]) -> None:
     """Take a finished lookup's outcome, which nobody awaits any more."""
     if not task.cancelled():
         task.exception()
-
-
-def _brief(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:300]
 
 
 def _abort_answer(answer: Any) -> tuple[bool, str]:

@@ -248,6 +248,81 @@ async def test_a_turn_its_drone_says_it_no_longer_runs_ends_when_aborted(
         await drone.disconnect()
 
 
+async def test_an_abort_while_the_drone_is_away_is_acked_before_the_turn_ends(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A hand-driven drone takes an order and drops its connection: within its grace it may
+    come back, and an abort meanwhile is honoured by the relay. The ack still comes first."""
+    orders: asyncio.Queue[str] = asyncio.Queue()
+
+    def take(data: dict[str, Any]) -> dict[str, Any]:
+        orders.put_nowait(data["turnId"])
+        return {"ok": True}
+
+    drone = socketio.AsyncClient(reconnection=False)
+    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
+    await drone.connect(
+        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("away"), wait_timeout=5
+    )
+    turn_id = (await browser.submit("Wait for me"))["turnId"]
+    assert await asyncio.wait_for(orders.get(), 10) == turn_id
+    await drone.disconnect()
+    await eventually(
+        lambda: not relay.relay.directory.local, timeout=5, what="the relay to see it gone"
+    )
+
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+
+    assert await browser.completion(turn_id) == (turn_id, True, ABORTED)
+    assert browser.order_of(turn_id) == ["abortAck", "workOrderComplete"]
+    turn = await stored(relay.relay.store, turn_id)
+    assert (turn.status, turn.reason) == ("aborted", "unanswered")
+
+
+async def test_an_abort_the_drone_leaves_unanswered_after_finishing_the_turn_is_not_signaled(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A hand-driven drone, asked to abort, finishes the turn instead and never answers: the
+    relay, honouring the abort itself once the answer is overdue, finds the turn finished. It
+    answers that nothing was left to abort, not "Abort signaled" for a turn shown finished."""
+    orders: asyncio.Queue[str] = asyncio.Queue()
+    silent = asyncio.Event()
+
+    def take(data: dict[str, Any]) -> dict[str, Any]:
+        orders.put_nowait(data["turnId"])
+        return {"ok": True}
+
+    async def finish_instead(order: dict[str, Any]) -> tuple[bool, str]:
+        answer = (order["turnId"], True, "Done.", {"reason": "finished", "messages": [done]})
+        assert await drone.call("workOrderComplete", answer, namespace=DRONE_NAMESPACE)
+        await silent.wait()  # the answer is lost
+        return True, ABORT_SIGNALED
+
+    done = {"number": 0, "message": {"role": "assistant", "content": "Done."}}
+    drone = socketio.AsyncClient(reconnection=False)
+    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
+    drone.on("abortWorkOrder", finish_instead, namespace=DRONE_NAMESPACE)
+    await drone.connect(
+        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("finisher"), wait_timeout=5
+    )
+    try:
+        turn_id = (await browser.submit("Finish it"))["turnId"]
+        assert await asyncio.wait_for(orders.get(), 10) == turn_id
+
+        answer = await browser.abort(turn_id, timeout=relay.config.abort_answer + 5)
+
+        assert answer == (False, NO_ACTIVE_WORK_ORDER)
+        assert await browser.completion(turn_id) == (turn_id, True, "Done.")
+        turn = await stored(relay.relay.store, turn_id)
+        assert (turn.status, roles(turn)) == (
+            "finished",
+            [("user", "Finish it"), ("assistant", "Done.")],
+        )
+    finally:
+        silent.set()
+        await drone.disconnect()
+
+
 async def test_a_work_order_whose_drone_dies_before_accepting_it_runs_on_another(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,

@@ -122,6 +122,7 @@ async def test_aborting_a_queued_order_ends_it_at_once_with_no_drone_or_a_busy_o
         assert await browser.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
         assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
         took.append(time.monotonic() - started)
+        assert browser.order_of(ack["turnId"]) == ["abortAck", "workOrderComplete"]
 
         turn = await relay.relay.store.get_turn(ack["turnId"])
         assert turn is not None and (turn.status, turn.reason) == ("aborted", "aborted")
