@@ -259,7 +259,8 @@ class Browser:
         found = await eventually(
             lambda: self.completions(turn_id), timeout, f"workOrderComplete of {turn_id}"
         )
-        return tuple(found[0])  # type: ignore[return-value]
+        turn, success, message = found[0]
+        return turn, success, message
 
     async def ending(self, turn_id: str, timeout: float = 5.0) -> dict[str, Any]:
         """The ``turnEnded`` of a turn: why it ended, who ended it, the tokens it used."""

@@ -92,11 +92,12 @@ async def refusal_of(url: str, namespace: str = IDE_NAMESPACE, **connect: Any) -
 
 
 async def test_a_connection_without_a_login_is_refused_with_a_reason(relay: RelayHandle) -> None:
-    for connect in (
+    connects: tuple[dict[str, Any], ...] = (
         {},
         {"auth": {"token": "hgt_madeup"}},
         {"headers": {"Cookie": f"{LOGIN_COOKIE}=not-a-login"}},
-    ):
+    )
+    for connect in connects:
         refused = await refusal_of(relay.url, transports=["websocket"], **connect)
         assert refused == {"message": NOT_LOGGED_IN}, connect
 

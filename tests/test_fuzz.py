@@ -35,13 +35,13 @@ from hangar.server.limits import (
 )
 from hangar.server.relay import Relay
 from hangar.server.store import TurnRecord
-from hangar.server.turns import TURN_ENDED
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
     IDE_NAMESPACE,
     NO_ACTIVE_WORK_ORDER,
     PROGRESS,
+    TURN_ENDED,
     UNKNOWN_TURN,
     AbortWorkOrderRequest,
     Completion,
@@ -630,11 +630,11 @@ async def emit_quickly(
 
 
 async def test_the_eleventh_quick_submit_is_refused(relay: RelayHandle, browser: Browser) -> None:
-    started = asyncio.get_running_loop().time()
-    acks = [await browser.submit(f"Order {i}") for i in range(11)]
-    elapsed = asyncio.get_running_loop().time() - started
+    # Sent at once, well within the second a refill takes, whatever a submit costs here.
+    acks = await emit_quickly(
+        browser, "submitWorkOrder", [{"prompt": f"Order {i}"} for i in range(11)]
+    )
 
-    assert elapsed < 1.0, f"11 submits took {elapsed:.2f} s, longer than a refill"
     assert all(ack["ok"] is True for ack in acks[:10]), acks
     assert acks[10] == {"ok": False, "error": TOO_MANY_SUBMITS}
     for ack in acks[:10]:  # no drone is online: they wait in line

@@ -166,7 +166,7 @@ async def test_an_unpaced_reply_leaves_the_loop_it_shares_to_others(
     reader = await asyncio.create_subprocess_exec(sys.executable, "-c", READ_ALL, url)
     try:
         await openai_peer.wait_for_chunks(100, timeout=20)
-        lags = []
+        lags: list[float] = []
         while openai_peer.requests[-1].ended is None and len(lags) < 20_000:
             asked = time.monotonic()
             await asyncio.sleep(0.001)

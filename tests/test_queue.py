@@ -34,7 +34,8 @@ def places(browser: Browser, turn_id: str) -> list[dict[str, Any]]:
 async def place_of(browser: Browser, turn_id: str) -> dict[str, Any]:
     """The turn's latest place in line, once one has arrived."""
     found = await eventually(lambda: places(browser, turn_id), what=f"the place of {turn_id}")
-    return found[-1]
+    place: dict[str, Any] = found[-1]
+    return place
 
 
 def endings(browser: Browser, turn_id: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from playwright.async_api import Page, expect
@@ -56,6 +56,8 @@ HOSTILE = (
     '![pic](javascript:window.__pwned=1) <svg onload="window.__pwned=1"></svg>\n\n'
     "[ok](https://example.com/docs)\n"
 )
+
+SCHEMES: tuple[Literal["light", "dark"], ...] = ("light", "dark")
 
 
 def split(text: str, size: int) -> list[str]:
@@ -391,7 +393,7 @@ async def test_the_page_fits_desktop_and_phone_in_both_themes(
     async with HandDrone(relay.url, "laptop-1", model="gpt-4.1") as drone:
         await build_showcase(page, relay, drone)
         session = await page.evaluate("() => window.hangar.currentSessionId()")
-        for scheme in ("light", "dark"):
+        for scheme in SCHEMES:
             await page.emulate_media(color_scheme=scheme)
             await page.locator("#prompt").focus()
             await still(page)
@@ -406,7 +408,7 @@ async def test_the_page_fits_desktop_and_phone_in_both_themes(
         await expect(running.locator(".turn-output")).to_contain_text("it checks that")
 
         assert page.context.browser is not None
-        for scheme in ("light", "dark"):
+        for scheme in SCHEMES:
             context = await page.context.browser.new_context(
                 viewport={"width": 390, "height": 844},
                 is_mobile=True,
@@ -427,7 +429,7 @@ async def test_the_page_fits_desktop_and_phone_in_both_themes(
                 await phone.screenshot(path=artifact(f"page-{scheme}-phone.png"))
             finally:
                 await context.close()
-        for scheme in ("light", "dark"):
+        for scheme in SCHEMES:
             await page.emulate_media(color_scheme=scheme)
             await still(page)
             await page.screenshot(path=artifact(f"page-{scheme}-desktop-running.png"))
