@@ -16,7 +16,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-import socketio
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import OwnPostgres, OwnRedis, free_port
@@ -32,12 +31,12 @@ from hangar.server.store import TurnRecord, TurnStore
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
-    DRONE_NAMESPACE,
     NO_ACTIVE_WORK_ORDER,
     RESYNC,
     TOOL_CANCELLED,
     TOOL_LOST,
 )
+from tests.browser.hand_drone import HandDrone
 from tests.conftest import (
     DRONE_TOKEN,
     HANGAR,
@@ -45,7 +44,6 @@ from tests.conftest import (
     People,
     RelayHandle,
     Upstream,
-    drone_hello,
     eventually,
 )
 from tests.test_drone_workers import alive, children_of
@@ -218,34 +216,17 @@ async def test_a_turn_its_drone_says_it_no_longer_runs_ends_when_aborted(
 ) -> None:
     """A hand-driven drone takes an order, then, asked to abort, says it runs no such turn: as a
     drone whose completion of the turn was lost. The turn does not stay processing."""
-    orders: asyncio.Queue[str] = asyncio.Queue()
+    forgetful = HandDrone(relay.url, "forgetful", abort_answer=(False, NO_ACTIVE_WORK_ORDER))
+    async with forgetful:
+        turn_id = (await browser.submit("Lose my ending"))["turnId"]
+        assert await forgetful.next_order() == turn_id
 
-    def take(data: dict[str, Any]) -> dict[str, Any]:
-        orders.put_nowait(data["turnId"])
-        return {"ok": True}
-
-    drone = socketio.AsyncClient(reconnection=False)
-    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
-    drone.on("abortWorkOrder", lambda _: (False, NO_ACTIVE_WORK_ORDER), namespace=DRONE_NAMESPACE)
-    await drone.connect(
-        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("forgetful"), wait_timeout=5
-    )
-    try:
-        ack = await browser.submit("Lose my ending")
-        assert await asyncio.wait_for(orders.get(), 10) == ack["turnId"]
-
-        assert await browser.abort(ack["turnId"]) == (False, NO_ACTIVE_WORK_ORDER)
+        assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
 
         within = relay.config.abort_grace + 2.0  # the abort watchdog, and a margin
-        assert await browser.completion(ack["turnId"], timeout=within) == (
-            ack["turnId"],
-            True,
-            ABORTED,
-        )
-        turn = await stored(relay.relay.store, ack["turnId"])
+        assert await browser.completion(turn_id, timeout=within) == (turn_id, True, ABORTED)
+        turn = await stored(relay.relay.store, turn_id)
         assert (turn.status, turn.reason) == ("aborted", "unanswered")
-    finally:
-        await drone.disconnect()
 
 
 async def test_an_abort_while_the_drone_is_away_is_acked_before_the_turn_ends(
@@ -253,20 +234,9 @@ async def test_an_abort_while_the_drone_is_away_is_acked_before_the_turn_ends(
 ) -> None:
     """A hand-driven drone takes an order and drops its connection: within its grace it may
     come back, and an abort meanwhile is honoured by the relay. The ack still comes first."""
-    orders: asyncio.Queue[str] = asyncio.Queue()
-
-    def take(data: dict[str, Any]) -> dict[str, Any]:
-        orders.put_nowait(data["turnId"])
-        return {"ok": True}
-
-    drone = socketio.AsyncClient(reconnection=False)
-    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
-    await drone.connect(
-        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("away"), wait_timeout=5
-    )
-    turn_id = (await browser.submit("Wait for me"))["turnId"]
-    assert await asyncio.wait_for(orders.get(), 10) == turn_id
-    await drone.disconnect()
+    async with HandDrone(relay.url, "away") as drone:
+        turn_id = (await browser.submit("Wait for me"))["turnId"]
+        assert await drone.next_order() == turn_id
     await eventually(
         lambda: not relay.relay.directory.local, timeout=5, what="the relay to see it gone"
     )
@@ -285,42 +255,21 @@ async def test_an_abort_the_drone_leaves_unanswered_after_finishing_the_turn_is_
     """A hand-driven drone, asked to abort, finishes the turn instead and never answers: the
     relay, honouring the abort itself once the answer is overdue, finds the turn finished. It
     answers that nothing was left to abort, not "Abort signaled" for a turn shown finished."""
-    orders: asyncio.Queue[str] = asyncio.Queue()
-    silent = asyncio.Event()
-
-    def take(data: dict[str, Any]) -> dict[str, Any]:
-        orders.put_nowait(data["turnId"])
-        return {"ok": True}
-
-    async def finish_instead(order: dict[str, Any]) -> tuple[bool, str]:
-        answer = (order["turnId"], True, "Done.", {"reason": "finished", "messages": [done]})
-        assert await drone.call("workOrderComplete", answer, namespace=DRONE_NAMESPACE)
-        await silent.wait()  # the answer is lost
-        return True, ABORT_SIGNALED
-
     done = {"number": 0, "message": {"role": "assistant", "content": "Done."}}
-    drone = socketio.AsyncClient(reconnection=False)
-    drone.on("workOrder", take, namespace=DRONE_NAMESPACE)
-    drone.on("abortWorkOrder", finish_instead, namespace=DRONE_NAMESPACE)
-    await drone.connect(
-        relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("finisher"), wait_timeout=5
-    )
-    try:
+    async with HandDrone(relay.url, "finisher") as drone:
+        drone.answer_aborts.clear()  # its answer is lost
         turn_id = (await browser.submit("Finish it"))["turnId"]
-        assert await asyncio.wait_for(orders.get(), 10) == turn_id
+        assert await drone.next_order() == turn_id
+        abort = asyncio.ensure_future(browser.abort(turn_id, timeout=relay.config.abort_answer + 5))
+        await asyncio.wait_for(drone.abort_asked.wait(), 5)
+        await drone.complete(turn_id, True, "Done.", {"reason": "finished", "messages": [done]})
 
-        answer = await browser.abort(turn_id, timeout=relay.config.abort_answer + 5)
+        assert await abort == (False, NO_ACTIVE_WORK_ORDER)
 
-        assert answer == (False, NO_ACTIVE_WORK_ORDER)
-        assert await browser.completion(turn_id) == (turn_id, True, "Done.")
-        turn = await stored(relay.relay.store, turn_id)
-        assert (turn.status, roles(turn)) == (
-            "finished",
-            [("user", "Finish it"), ("assistant", "Done.")],
-        )
-    finally:
-        silent.set()
-        await drone.disconnect()
+    assert await browser.completion(turn_id) == (turn_id, True, "Done.")
+    turn = await stored(relay.relay.store, turn_id)
+    assert turn.status == "finished"
+    assert roles(turn) == [("user", "Finish it"), ("assistant", "Done.")]
 
 
 async def test_a_work_order_whose_drone_dies_before_accepting_it_runs_on_another(

@@ -24,10 +24,18 @@ ANSWER_TIMEOUT = 10.0
 
 
 class HandDrone:
-    """One drone connection; ``answer_aborts`` is set when aborts may be answered."""
+    """One drone connection; ``answer_aborts`` is set when aborts may be answered, with
+    ``abort_answer``."""
 
-    def __init__(self, url: str, drone_id: str = "hand-1", model: str = "m") -> None:
+    def __init__(
+        self,
+        url: str,
+        drone_id: str = "hand-1",
+        model: str = "m",
+        abort_answer: tuple[bool, str] = (True, ABORT_SIGNALED),
+    ) -> None:
         self.url = url
+        self.abort_answer = abort_answer
         self.drone_id = drone_id
         self.model = model
         self.client = socketio.AsyncClient(reconnection=False)
@@ -66,7 +74,7 @@ class HandDrone:
         self.aborts.append(data)
         self.abort_asked.set()
         await self.answer_aborts.wait()
-        return True, ABORT_SIGNALED
+        return self.abort_answer
 
     async def next_order(self) -> str:
         """The turn id of the next work order the relay sends."""
@@ -105,10 +113,12 @@ class HandDrone:
             payload["result"] = result
         await self._progress(payload)
 
-    async def complete(self, turn_id: str, success: bool, message: str) -> None:
+    async def complete(
+        self, turn_id: str, success: bool, message: str, ending: dict[str, Any] | None = None
+    ) -> None:
         ack = await self.client.call(
             WORK_ORDER_COMPLETE,
-            (turn_id, success, message),
+            (turn_id, success, message, *([ending] if ending else [])),
             namespace=DRONE_NAMESPACE,
             timeout=ANSWER_TIMEOUT,
         )
