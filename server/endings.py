@@ -73,6 +73,15 @@ class TurnEndings:
         self.dispatcher.background.spawn(self._announce(ended, ending))
         return True
 
+    async def honoured(self, turn_id: str, ended: bool) -> tuple[bool, str]:
+        """The answer to an abort the relay honoured by itself (``ended``: ``end_here`` ended
+        the turn): signalled if the turn ended aborted, by this ending or by its drone that
+        heard of the abort another way; nothing to abort if it had just ended otherwise."""
+        if not ended:
+            turn = await self.store.get_turn(turn_id, messages=False)
+            ended = turn is not None and turn.status == "aborted"
+        return (True, ABORT_SIGNALED) if ended else (False, NO_ACTIVE_WORK_ORDER)
+
     async def _store_ending(
         self, turn_id: str, ending: Ending, from_statuses: tuple[TurnStatus, ...]
     ) -> TurnRecord | None:
@@ -136,12 +145,6 @@ class TurnEndings:
         await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
         await self.directory.broadcast()
         self.dispatcher.wake()  # a slot is free, or the session's next turn may start
-
-
-def honoured(ended: bool) -> tuple[bool, str]:
-    """The answer to an abort the relay honoured by itself: signalled if it ended the turn, and
-    nothing to abort if the turn had just ended otherwise (the person sees how it ended)."""
-    return (True, ABORT_SIGNALED) if ended else (False, NO_ACTIVE_WORK_ORDER)
 
 
 def brief(error: BaseException) -> str:

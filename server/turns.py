@@ -42,7 +42,7 @@ from . import queue
 from .accounts import User
 from .directory import DroneDirectory
 from .dispatch import Dispatcher
-from .endings import TurnEndings, brief, honoured
+from .endings import TurnEndings, brief
 from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
@@ -159,7 +159,8 @@ class TurnLifecycle(TurnEndings):
             # Its drone is away (maybe coming back): the abort is honoured now, and the drone
             # is told when it is heard from again (the turn has ended by then).
             log.info("abort turn=%s while its drone is away: ended by the relay", turn.turn_id)
-            return honoured(await self.end_here(turn.turn_id, self._unanswered(viewer)))
+            ended = await self.end_here(turn.turn_id, self._unanswered(viewer))
+            return await self.honoured(turn.turn_id, ended)
         return await self._tell_drone(turn.turn_id, route, request.mode, viewer)
 
     async def _abort_target(self, viewer: User, request: AbortWorkOrderRequest) -> TurnRecord | str:
@@ -225,7 +226,8 @@ class TurnLifecycle(TurnEndings):
                 self.abort_answer,
             )
             try:
-                return honoured(await self.end_here(turn_id, self._unanswered(viewer)))
+                ended = await self.end_here(turn_id, self._unanswered(viewer))
+                return await self.honoured(turn_id, ended)
             except Exception as error:  # the store failed: the sweep ends the turn later
                 log.warning("could not end turn=%s now: %s", turn_id, brief(error))
                 return True, ABORT_SIGNALED

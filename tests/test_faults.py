@@ -249,26 +249,37 @@ async def test_an_abort_while_the_drone_is_away_is_acked_before_the_turn_ends(
     assert (turn.status, turn.reason) == ("aborted", "unanswered")
 
 
-async def test_an_abort_the_drone_leaves_unanswered_after_finishing_the_turn_is_not_signaled(
-    relay: RelayHandle, browser: Browser
+@pytest.mark.parametrize(
+    ("result", "answer"),
+    [("Done.", (False, NO_ACTIVE_WORK_ORDER)), (ABORTED, (True, ABORT_SIGNALED))],
+    ids=["finished", "aborted"],
+)
+async def test_an_abort_the_drone_leaves_unanswered_is_answered_as_the_turn_ended(
+    relay: RelayHandle, browser: Browser, result: str, answer: tuple[bool, str]
 ) -> None:
-    """A hand-driven drone, asked to abort, finishes the turn instead and never answers: the
-    relay, honouring the abort itself once the answer is overdue, finds the turn finished. It
-    answers that nothing was left to abort, not "Abort signaled" for a turn shown finished."""
-    done = {"number": 0, "message": {"role": "assistant", "content": "Done."}}
+    """A hand-driven drone, asked to abort, ends the turn (finished, or aborted as told) and
+    never answers: the relay, honouring the abort itself once the answer is overdue, finds the
+    turn ended. "Abort signaled" only if it ended aborted, never for a turn shown finished."""
+    reason = "finished" if result == "Done." else "aborted"
+    said = {
+        "role": "assistant",
+        "content": "Done.",
+        **({"aborted": True} if reason != "finished" else {}),
+    }
     async with HandDrone(relay.url, "finisher") as drone:
         drone.answer_aborts.clear()  # its answer is lost
         turn_id = (await browser.submit("Finish it"))["turnId"]
         assert await drone.next_order() == turn_id
         abort = asyncio.ensure_future(browser.abort(turn_id, timeout=relay.config.abort_answer + 5))
         await asyncio.wait_for(drone.abort_asked.wait(), 5)
-        await drone.complete(turn_id, True, "Done.", {"reason": "finished", "messages": [done]})
+        ending = {"reason": reason, "messages": [{"number": 0, "message": said}]}
+        await drone.complete(turn_id, True, result, ending)
 
-        assert await abort == (False, NO_ACTIVE_WORK_ORDER)
+        assert await abort == answer
 
-    assert await browser.completion(turn_id) == (turn_id, True, "Done.")
+    assert await browser.completion(turn_id) == (turn_id, True, result)
     turn = await stored(relay.relay.store, turn_id)
-    assert turn.status == "finished"
+    assert (turn.status, turn.reason) == (reason, reason)
     assert roles(turn) == [("user", "Finish it"), ("assistant", "Done.")]
 
 
