@@ -660,6 +660,8 @@ async def test_a_postgres_crash_delays_endings_but_loses_none(
         openai_peer.script(finishing, SLOW)
         await start_drone_on(url, Upstream("openai", openai_peer), concurrency=2)
         first = (await browser.submit("Finish during the outage"))["turnId"]
+        # The peer answers requests in the order they come: the first turn's comes first.
+        await eventually(lambda: openai_peer.requests, timeout=10, what="the first request")
         second = (await browser.submit("Be aborted during the outage"))["turnId"]
         await browser.wait_text(first, pieces=3, timeout=10)
         await eventually(lambda: browser.progress(second), timeout=10, what="the second turn")
