@@ -273,16 +273,16 @@ class Browser:
         return ending
 
     def progress(self, turn_id: str, kind: str = "text") -> list[dict[str, Any]]:
-        return [
-            args
-            for event, args in self.events
-            if event == "workOrderProgress" and args["turnId"] == turn_id and args["kind"] == kind
-        ]
+        return [args for args, _ in self._progress(turn_id, kind)]
 
     def progress_times(self, turn_id: str, kind: str = "text") -> list[float]:
         """When each of ``progress(turn_id, kind)`` arrived (``time.monotonic()``)."""
+        return [when for _, when in self._progress(turn_id, kind)]
+
+    def _progress(self, turn_id: str, kind: str) -> list[tuple[dict[str, Any], float]]:
+        """The turn's progress events of ``kind``, each with when it arrived."""
         return [
-            when
+            (args, when)
             for (event, args), when in zip(self.events, self.arrived, strict=True)
             if event == "workOrderProgress" and args["turnId"] == turn_id and args["kind"] == kind
         ]
