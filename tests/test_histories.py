@@ -4,15 +4,20 @@ drone that lost it gets all of it again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import socketio
 
-from bench.peers import OpenAIPeer, Reply
-from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS, ChatMessage
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.providers.message_json import MessageJson
+from hangar.drone.providers.openai_provider import _message
+from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS, ChatMessage, ToolCall
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 
@@ -149,3 +154,72 @@ async def test_a_history_bigger_than_a_websocket_message_reaches_the_drone(
     _, success, message = await browser.completion(ack["turnId"], timeout=30)
     assert (success, "413" in message) == (False, True)
     assert drone.drone_id in relay.relay.directory.local
+
+
+async def test_the_model_gets_each_conversation_whole_however_sessions_interleave(
+    relay: RelayHandle,
+    browser: Browser,
+    start_drone: Callable[..., Any],
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a.txt").write_text("hello from a.txt")
+    await start_drone(Upstream("openai", openai_peer), workdir=str(tmp_path))
+    read = ScriptedToolCall("read_file", {"path": "a.txt"})
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[read]), Reply(chunks=["Grüße ✓ 😀"]), Reply(chunks=["B1"]),
+        Reply(chunks=["A2"]), Reply(chunks=["B2"]), Reply(chunks=["A3"]),
+    )  # fmt: skip
+    sessions: dict[str, str] = {}
+    for name, prompt in [("a", "Lies a.txt"), ("b", "B?"), ("a", "A2?"), ("b", "B2?"), ("a", "3")]:
+        extra = {"sessionId": sessions[name]} if name in sessions else {}
+        ack = await browser.submit(prompt, **extra)
+        sessions[name] = ack["sessionId"]
+        assert (await browser.completion(ack["turnId"]))[1] is True
+
+    # Each request is the session's last one, its answer, and the new prompt: nothing lost,
+    # reordered or taken from the other session, though the drone reused what it had encoded.
+    a1, a1_tool, b1, a2, b2, a3 = (r.messages for r in openai_peer.requests)
+    assert [m["role"] for m in a1_tool] == ["user", "assistant", "tool"]
+    assert a1_tool[2]["content"] == "hello from a.txt"
+    assert a1_tool[:1] == a1
+    answer = {"role": "assistant", "content": "Grüße ✓ 😀"}
+    assert a2 == [*a1_tool, answer, {"role": "user", "content": "A2?"}]
+    assert b1 == [{"role": "user", "content": "B?"}]
+    assert b2 == [*b1, {"role": "assistant", "content": "B1"}, {"role": "user", "content": "B2?"}]
+    assert a3 == [*a2, {"role": "assistant", "content": "A2"}, {"role": "user", "content": "3"}]
+    assert {r.headers["Content-Type"] for r in openai_peer.requests} == {"application/json"}
+    assert not [r for r in openai_peer.requests if r.rejected]
+
+
+def test_a_conversation_encoded_in_parts_is_the_json_of_its_messages() -> None:
+    """Conversations that grow, are cut short, have a message replaced or are copied, five at a
+    time in a cache that keeps three and 4 kB: each encoding is its messages' JSON."""
+    rng = random.Random(14)
+    texts = ["", "plain", "Grüße ✓ 😀", "a\nb\t\u2028", 'quotes " and \\', "x" * 900]
+
+    def new_message() -> ChatMessage:
+        role = rng.choice(["user", "assistant", "tool"])
+        calls = [ToolCall(id=f"call_{rng.randrange(99)}", name="read_file", arguments='{"p": 1}')]
+        return ChatMessage(
+            role=role,
+            content=rng.choice(texts),
+            tool_calls=calls if role == "assistant" and rng.random() < 0.3 else None,
+            tool_call_id="call_1" if role == "tool" else None,
+        )
+
+    cache = MessageJson(_message, conversations=3, max_bytes=4_000)
+    conversations: list[list[ChatMessage]] = [[] for _ in range(5)]
+    for _ in range(3_000):
+        number = rng.randrange(len(conversations))
+        messages = conversations[number]
+        change = rng.random()
+        if change < 0.6:
+            messages.append(new_message())
+        elif change < 0.7:
+            del messages[rng.randrange(len(messages) + 1) :]
+        elif change < 0.8 and messages:
+            messages[rng.randrange(len(messages))] = new_message()
+        elif change < 0.9:
+            conversations[number] = messages = list(messages)
+        assert json.loads(cache.array(messages)) == [_message(m) for m in messages]
