@@ -194,7 +194,7 @@ async def test_the_model_gets_each_conversation_whole_however_sessions_interleav
 
 def test_a_conversation_encoded_in_parts_is_the_json_of_its_messages() -> None:
     """Conversations that grow, are cut short, have a message replaced or are copied, five at a
-    time in a cache that keeps three and 4 kB: each encoding is its messages' JSON."""
+    time in a cache that keeps three and 20 kB: each encoding is its messages' JSON."""
     rng = random.Random(14)
     texts = ["", "plain", "Grüße ✓ 😀", "a\nb\t\u2028", 'quotes " and \\', "x" * 900]
 
@@ -208,7 +208,7 @@ def test_a_conversation_encoded_in_parts_is_the_json_of_its_messages() -> None:
             tool_call_id="call_1" if role == "tool" else None,
         )
 
-    cache = MessageJson(_message, conversations=3, max_bytes=4_000)
+    cache = MessageJson(_message, conversations=3, max_bytes=20_000)
     conversations: list[list[ChatMessage]] = [[] for _ in range(5)]
     for _ in range(3_000):
         number = rng.randrange(len(conversations))

@@ -80,6 +80,8 @@ class MessageJson:
         return b"[" + data + b"]"
 
     def _keep(self, key: int, sent: _Sent) -> None:
+        if len(sent.data) > self.max_bytes:
+            return  # kept, it would push every other conversation out, then itself
         self._sent[key] = sent
         self._bytes += len(sent.data)
         while self._sent and (len(self._sent) > self.conversations or self._bytes > self.max_bytes):
