@@ -11,12 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ollama
 import pytest
 import socketio
 
-from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.providers import ChatOptions, OllamaProvider, ToolSpec
 from hangar.drone.providers.message_json import MessageJson
 from hangar.drone.providers.openai_provider import _message
+from hangar.shared.abort import AbortController
 from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS, ChatMessage, ToolCall
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
@@ -223,3 +226,46 @@ def test_a_conversation_encoded_in_parts_is_the_json_of_its_messages() -> None:
         elif change < 0.9:
             conversations[number] = messages = list(messages)
         assert json.loads(cache.array(messages)) == [_message(m) for m in messages]
+
+
+async def test_the_ollama_provider_sends_what_the_sdks_chat_would_send(
+    ollama_peer: OllamaPeer,
+) -> None:
+    calls = [ToolCall(id="c1", name="read_file", arguments='{"path": "a.txt"}'), ToolCall(
+        id="c2", name="list_files", arguments="{}")]  # fmt: skip
+    messages = [
+        ChatMessage(role="user", content="Grüße ✓ 😀"),
+        ChatMessage(role="assistant", content="", tool_calls=calls),
+        ChatMessage(role="tool", content="hello", tool_call_id="c1", name="read_file"),
+        ChatMessage(role="tool", content="a.txt", tool_call_id="c2"),  # no name: its call's
+        ChatMessage(role="assistant", content="Done."),
+        ChatMessage(role="user", content="Again"),
+    ]
+    tool = ToolSpec("read_file", "Read a file", {"type": "object", "properties": {}})
+    ollama_peer.script(*(Reply(chunks=["ok"]) for _ in range(3)))
+    provider = OllamaProvider("m", host=ollama_peer.base_url)
+    try:
+        for _ in range(2):  # the second time from what it encoded the first
+            options = ChatOptions(model="m", signal=AbortController().signal)
+            assert [e async for e in provider.chat(messages, [tool], options)]
+    finally:
+        await provider.close()
+    # The same conversation as the Ollama API documents it, through the SDK's own chat().
+    sdk = ollama.AsyncClient(host=ollama_peer.base_url)
+    parts = await sdk.chat(model="m", stream=True, tools=[tool.function()], messages=[
+        {"role": "user", "content": "Grüße ✓ 😀"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "read_file", "arguments": {"path": "a.txt"}}},
+            {"function": {"name": "list_files", "arguments": {}}},
+        ]},
+        {"role": "tool", "content": "hello", "tool_name": "read_file"},
+        {"role": "tool", "content": "a.txt", "tool_name": "list_files"},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "Again"},
+    ])  # fmt: skip
+    assert [p async for p in parts]
+    await sdk._client.aclose()
+
+    first, second, by_sdk = (r.body for r in ollama_peer.requests)
+    assert first == second == by_sdk
+    assert [r.headers["Content-Type"] for r in ollama_peer.requests] == ["application/json"] * 3

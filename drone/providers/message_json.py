@@ -4,8 +4,8 @@ its whole history, but only what follows the messages it sent last time is encod
 The messages before a turn's prompt are the same objects from one order of a session to the
 next in a worker (``drone/histories.py``), and from one model call of a turn to the next (the
 agent appends to its list); a message is never changed once it is made. Encoding 2,000 messages
-(0.5 MB) took the worker ~2.5 ms of its loop per request (docs/performance.md, "Submit → first
-token with a long history").
+(0.5 MB) took a worker's loop ~2.5 ms per request through the openai SDK, ~8 ms through the
+ollama SDK (docs/performance.md, "Submit → first token with a long history").
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ MAX_BYTES = 16_000_000
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` as compact UTF-8 JSON, as the openai SDK encodes a request body. (A message's
-    text is valid Unicode: ``ChatMessage`` refuses a lone surrogate.)"""
+    """``value`` as compact UTF-8 JSON, as the openai SDK and httpx encode a request body. (A
+    message's text is valid Unicode: ``ChatMessage`` refuses a lone surrogate.)"""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
