@@ -1,7 +1,7 @@
 """The relay under a long history and a heavy person: what one person waits for as their
 sessions and turns grow, and what a light person's aborts cost beside a heavy one.
 
-    .venv/bin/python -m bench.relay_load history [--samples 20] [--runs 3]
+    .venv/bin/python -m bench.relay_load history [--samples 20] [--runs 3] [--provider ollama]
     .venv/bin/python -m bench.relay_load heavy [--aborts 200] [--runs 3]
 
 - ``history``: submit to first token (the first ``workOrderProgress`` at the browser) in a new
@@ -146,10 +146,12 @@ def stages(relay: Proc, drone: Proc, turns: dict[str, tuple[float, float]]) -> l
     return found
 
 
-async def start(stack: Stack, chunks: int, interval: float) -> tuple[str, Proc, Proc]:
+async def start(
+    stack: Stack, chunks: int, interval: float, provider: str = "openai"
+) -> tuple[str, Proc, Proc]:
     relay, relay_proc = await stack.relay()
-    peer, _ = await stack.peer("openai", interval, chunks)
-    drone = stack.drone(relay, "openai", peer, 8, "drone-0")
+    peer, _ = await stack.peer(provider, interval, chunks)
+    drone = stack.drone(relay, provider, peer, 8, "drone-0")
     await wait_drones(relay, 1)
     return relay, relay_proc, drone
 
@@ -159,7 +161,9 @@ async def history_run(args: argparse.Namespace, workdir: Path, run: int) -> dict
     stack = Stack(workdir / f"history-{run}")
     browsers: list[TimedBrowser] = []
     try:
-        relay, relay_proc, drone = await start(stack, chunks=3, interval=0.005)
+        relay, relay_proc, drone = await start(
+            stack, chunks=3, interval=0.005, provider=args.provider
+        )
         token, user_id = await person(relay, "history")
         sessions = {
             n: seed(RELAY_DATABASES[relay], user_id, 1, n, f"h{n}")[0] for n in args.sizes[1:]
@@ -211,7 +215,8 @@ async def bench_history(args: argparse.Namespace, workdir: Path) -> None:
         rows.append([f"{n:,}", len(runs[0][n][0]), f"{p50:.1f}", f"{p99:.1f}"])
         rows[-1] += [f"{median_ms([run[n][1][i] for run in runs], 0.5):.1f}" for i in range(3)]
         rows[-1] += [f"{ratio:.2f}x", verdict]
-    print(f"submit → first token, medians of {args.runs} runs; load {os.getloadavg()[0]:.2f}")
+    load = os.getloadavg()[0]
+    print(f"submit → first token ({args.provider}), medians of {args.runs} runs; load {load:.2f}")
     headers = ["prior turns", "n per run", "p50 ms", "p99 ms"]
     headers += [f"{stage} p50 ms" for stage in STAGES]
     print(table([*headers, "p50 vs empty", "target"], rows))
@@ -345,6 +350,7 @@ def main() -> None:
     parser.add_argument("--aborts", type=int, default=200, help="heavy: the light one's aborts")
     parser.add_argument("--sessions", type=int, default=10_000, help="heavy: sessions owned")
     parser.add_argument("--profile", action="store_true", help="history: py-spy the last run")
+    parser.add_argument("--provider", choices=("openai", "ollama"), default="openai")
     parser.add_argument("--logs", help="keep the processes' logs here")
     args = parser.parse_args()
     args.sizes = [int(n) for n in args.sizes.split(",")]
