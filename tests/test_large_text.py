@@ -1,4 +1,5 @@
-"""Text larger than one progress event may carry reaches the person whole, in order.
+"""Text larger than one progress event may carry reaches the person whole, in order; what a
+worker writes that the drone cannot take ends that worker's turns, never the drone.
 
 A model may send a huge chunk, and a worker joins a fast stream's chunks into one batch (a
 local model can deliver megabytes between two of the worker's writes). A text delta carries at
@@ -8,14 +9,21 @@ as several deltas, and the turn goes on as if it had come in small chunks.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.peers import Reply
+from hangar.drone.pipes import HEADER
+from hangar.drone.pool import WORKER_STOPPED
 from hangar.shared.protocol import ANSWER_TOO_LONG
-from tests.conftest import Browser, RelayHandle, Upstream
+from tests.conftest import Browser, RelayHandle, Upstream, eventually
+from tests.test_drone_workers import worker_pids
 
 Start = Callable[..., Any]
 HUGE = "".join(f"{n:07d} " for n in range(200_000))  # 1.6 million characters, in one chunk
@@ -61,3 +69,59 @@ async def test_an_answer_too_long_to_send_ends_its_turn_and_the_drone_goes_on(
     ]
     again = (await browser.submit("Count less"))["turnId"]
     assert await browser.completion(again, timeout=30) == (again, True, "Shorter now.")
+
+
+def open_files(pid: int) -> dict[str, str]:
+    """The process ``pid``'s descriptors and what each is open on."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile (listdir's own)
+            found[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return found
+
+
+def write_into_frames(pid: int, data: bytes) -> None:
+    """Write ``data`` into the pipe the worker ``pid`` writes its frames to: the one it holds open
+    for writing whose other end this process, its drone's, holds (it prints to its stderr)."""
+    ours = set(open_files(os.getpid()).values())
+    found = []
+    for fd, link in open_files(pid).items():
+        if link.startswith("pipe:") and link in ours:
+            flags = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+            if int(flags, 8) & os.O_ACCMODE == os.O_WRONLY:
+                found.append(fd)
+    (fd,) = found
+    with open(f"/proc/{pid}/fd/{fd}", "wb", buffering=0) as pipe:
+        pipe.write(data)
+
+
+@pytest.mark.parametrize(
+    "written",
+    [b"Hello from a library that printed\n", HEADER.pack(5) + b"nope!"],
+    ids=["not a frame", "a frame that is not JSON"],
+)
+async def test_a_worker_that_writes_what_is_not_a_frame_is_replaced_and_its_turn_ends_in_error(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+    written: bytes,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hangar.drone")
+    slow = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.05)
+    upstream.peer.script(slow, Reply(chunks=["Fine ", "again."]))
+    drone = await start_drone(upstream, workers=1)
+    turn_id = (await browser.submit("Stream"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids()
+
+    write_into_frames(worker, written)
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, False, WORKER_STOPPED)
+    assert drone.drone_id in relay.relay.directory.local, "the drone stayed connected"
+    await eventually(lambda: worker_pids() not in ([], [worker]), what="a new worker")
+    again = (await browser.submit("Again"))["turnId"]
+    assert await browser.completion(again, timeout=20) == (again, True, "Fine again.")
+    lines = [r for r in caplog.records if "sent what the drone cannot take" in r.getMessage()]
+    assert len(lines) == 1 and not lines[0].exc_info, "one line, no traceback"
