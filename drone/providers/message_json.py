@@ -56,20 +56,22 @@ class MessageJson:
         so no other object can have its id meanwhile)."""
         self._bytes = 0
 
+    def body(self, messages: Sequence[ChatMessage], fields: dict[str, Any]) -> bytes:
+        """A request's JSON: ``fields`` and ``"messages"``, the array of ``encode(message)``."""
+        return b'{"messages":' + self.array(messages) + b"," + dumps(fields)[1:]
+
     def array(self, messages: Sequence[ChatMessage]) -> bytes:
         """``messages`` as a JSON array of ``encode(message)``."""
         if not messages:
             return b"[]"
-        sent = self._sent.pop(id(messages[0]), None)
-        same = 0
-        if sent is not None:
-            self._bytes -= len(sent.data)
-            limit = min(len(sent.messages), len(messages))
-            while same < limit and sent.messages[same] is messages[same]:
-                same += 1
-        ends = sent.ends[:same] if sent is not None else []
+        sent = self._sent.pop(id(messages[0]), None) or _Sent([], [], b"")
+        self._bytes -= len(sent.data)
+        same, limit = 0, min(len(sent.messages), len(messages))
+        while same < limit and sent.messages[same] is messages[same]:
+            same += 1
+        ends = sent.ends[:same]
         end = ends[-1] if ends else 0
-        parts = [sent.data[:end]] if sent is not None and same else []
+        parts = [sent.data[:end]] if ends else []
         for message in messages[same:]:
             piece = dumps(self.encode(message))
             end += len(piece) + (1 if ends else 0)

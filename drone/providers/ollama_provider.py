@@ -23,7 +23,7 @@ from .base import (
     UpstreamShutdown,
     UsageReport,
 )
-from .message_json import MessageJson, dumps
+from .message_json import MessageJson
 
 # The chat whose read is sending the request: the httpx response hook below runs inside that
 # read, in the same task and context, and finds its chat here.
@@ -57,8 +57,7 @@ class OllamaProvider:
         signal = options.signal
         signal.throw_if_aborted()
         fields = {"model": options.model, "tools": [t.function() for t in tools], "stream": True}
-        history = self.messages.array(_named(messages))
-        body = b'{"messages":' + history + b"," + dumps(fields)[1:]
+        body = self.messages.body(_named(messages), fields)
         try:
             # The body ``AsyncClient.chat`` would send, encoded here with the history's messages
             # as they were encoded for the last request: ``chat`` validates and copies every

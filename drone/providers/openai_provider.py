@@ -22,7 +22,7 @@ from .base import (
     UpstreamShutdown,
     UsageReport,
 )
-from .message_json import MessageJson, dumps
+from .message_json import MessageJson
 
 
 class OpenAIProvider:
@@ -58,7 +58,7 @@ class OpenAIProvider:
         }
         if tools:
             fields["tools"] = [t.function() for t in tools]
-        body = b'{"messages":' + self.messages.array(messages) + b"," + dumps(fields)[1:]
+        body = self.messages.body(messages, fields)
         try:
             # The caller's abort scope interrupts the request and its retries before the headers.
             # The body is the API's JSON, encoded here: posted as it is, without the SDK's typed
