@@ -7,6 +7,8 @@ What-if experiments (not the shipped behaviour), to measure where a latency come
 
 - ``HANGAR_BENCH_NO_LANES=1``: the relay handles each drone event directly in the task
   python-socketio gives it, without the per-turn ordering lane (order is then not guaranteed).
+- ``HANGAR_BENCH_ENGINEIO_LOOPS=1``: a drone's websocket is read and written by engine.io's own
+  client loops instead of ``drone/engine.py``'s.
 
 Tracing (behaviour unchanged): ``HANGAR_BENCH_TRACE_ACKS=1`` logs ``trace ack written`` when a
 drone writes an ``(True, "Abort signaled")`` ack frame and ``trace ack read`` when the relay's
@@ -40,6 +42,18 @@ def _no_lanes() -> None:
 
     TurnLanes.run = directly  # type: ignore[assignment,method-assign]
     logging.getLogger("bench").warning("what-if: drone events without per-turn lanes")
+
+
+def _engineio_loops() -> None:
+    import engineio
+
+    from hangar.drone.engine import RelayClient
+
+    def engineio_client(self: RelayClient) -> Any:
+        return engineio.AsyncClient
+
+    RelayClient._engineio_client_class = engineio_client  # type: ignore[method-assign]
+    logging.getLogger("bench").warning("what-if: engine.io's own client loops in the drone")
 
 
 def _trace_acks() -> None:
@@ -94,6 +108,8 @@ def run(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if os.environ.get("HANGAR_BENCH_NO_LANES"):
         _no_lanes()
+    if os.environ.get("HANGAR_BENCH_ENGINEIO_LOOPS"):
+        _engineio_loops()
     if os.environ.get("HANGAR_BENCH_TRACE_ACKS"):
         _trace_acks()
     if os.environ.get("HANGAR_BENCH_TRACE_GC"):

@@ -39,6 +39,7 @@ from hangar.shared.protocol import (
 )
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
+from .engine import RelayClient
 from .histories import HistoryKeeper
 from .report import TurnReport, text_window
 
@@ -85,7 +86,7 @@ class RelayConnection:
         self.token = token
         self.instance = secrets.token_urlsafe(24)
         """This process's secret: only it may take the drone's place again on a reconnect."""
-        self.sio = socketio.AsyncClient(
+        self.sio = RelayClient(
             serializer=TextPacket,  # JSON only, like the relay's
             handle_sigint=False,  # the drone's own Ctrl-C handling aborts work orders first
             reconnection=True,
