@@ -8,6 +8,11 @@ writer sends everything queued before it waits again in one ``write()``, as the 
 loop does (``server/websocket.py``). engine.io's packets, its handlers (a task for each message,
 so a handler that waits for the relay never holds up the reader) and its timeouts are kept: a
 relay silent for a ping interval and a ping timeout is a lost connection.
+
+Opening a websocket is bounded as well (engine.io's ``request_timeout``, 5 s): a relay that
+stopped (frozen, or its machine gone) still completes TCP handshakes in its kernel but never
+answers, and aiohttp would wait 5 minutes for it; so a drone that lost such a relay tries the
+next one instead.
 """
 
 from __future__ import annotations
@@ -19,13 +24,20 @@ from typing import Any
 import aiohttp
 import engineio
 import socketio
-from engineio import base_client, packet
+from engineio import base_client, exceptions, packet
 
 from hangar.shared.websocket import READ_RUN, Corked, Silence
 
 
 class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
     """engine.io's client with the websocket loops above (long-polling is engine.io's own)."""
+
+    async def _connect_websocket(self, url: str, headers: dict[str, str], path: str) -> bool:
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return bool(await super()._connect_websocket(url, headers, path))
+        except TimeoutError:
+            raise exceptions.ConnectionError("The relay did not answer.") from None
 
     async def _read_loop_websocket(self) -> None:
         reader = asyncio.current_task()
@@ -63,7 +75,15 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
             silence.close()
         if broken:
             await self.queue.put(None)  # the writer ends
+            await self._drop()
         await self._read_loop_ended()
+
+    async def _drop(self) -> None:
+        """Close the websocket at once: a relay that went silent will not answer the close (and
+        a connection left open is a warning when the garbage collector finds it)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(0):  # cancels the wait for the relay's answer
+                await self.ws.close()
 
     async def _read_loop_ended(self) -> None:
         """engine.io's own end of its read loop: the writer ends, then the connection."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
+import signal
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -155,6 +157,40 @@ async def test_killing_the_drones_relay_mid_turn_moves_the_drone_and_ends_the_tu
     assert turn.status == ("aborted" if aborted else "finished")
     assert len(browser.completions(turn_id)) == 1
     assert await store.processing_turns() == []
+
+
+async def test_a_drone_leaves_a_frozen_relay_for_another_and_takes_work_there(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    tmp_path: Path,
+) -> None:
+    # A relay that stops (SIGSTOP) keeps its TCP connections open: only the silence of its
+    # engine.io pings (every 0.5 s, answered within 1 s here) tells its drones it is gone.
+    a, b = await relay_processes(), await relay_processes()
+    drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}")
+    browser: Browser = await open_browser(b.url)
+    await drones_seen_from(browser)
+    log = tmp_path / "proc-drone-0.log"
+
+    def connections() -> list[str]:
+        return re.findall(r"connected to relay (\S+)", log.read_text())
+
+    assert await eventually(connections, timeout=10, what="the drone on a relay") == [a.url]
+    a.process.send_signal(signal.SIGSTOP)
+    try:
+        moved = await eventually(
+            lambda: connections()[1:], timeout=15, what="the drone to leave the frozen relay"
+        )
+        assert moved == [b.url]
+        openai_peer.script(Reply(chunks=["still ", "here"]))
+        turn_id = (await browser.submit("Work after a relay froze"))["turnId"]
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "still here")
+    finally:
+        a.process.send_signal(signal.SIGCONT)
+    # The connection it left is closed, not found open later by the garbage collector.
+    assert not re.findall(r" (?:ERROR|CRITICAL) |Traceback|Unclosed", log.read_text())
 
 
 async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
