@@ -300,6 +300,10 @@ class RelayConnection:
             if not answer.done():
                 answer.set_exception(ConnectionError("The connection to the relay dropped."))
         (log.info if self._closing else log.warning)("disconnected from relay %s", self.url)
+        if self.sio.eio.went_silent and self.url in self.urls:
+            # A relay that went silent may be frozen: its kernel still takes connections that
+            # it never answers. The others are tried first, within this drone's grace.
+            self._attempts = self.urls.index(self.url) + 1
         # python-socketio reconnects by itself after a lost connection, not after the relay
         # dropped this drone: then it is up to the drone (unless the relay said why, for good).
         if reason and reason[0] == self.sio.reason.SERVER_DISCONNECT and not self._closing:

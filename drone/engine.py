@@ -32,6 +32,9 @@ from hangar.shared.websocket import READ_RUN, Corked, Silence
 class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
     """engine.io's client with the websocket loops above (long-polling is engine.io's own)."""
 
+    went_silent = False
+    """The last connection ended because the relay went silent (frozen, or out of reach)."""
+
     async def _connect_websocket(self, url: str, headers: dict[str, str], path: str) -> bool:
         try:
             async with asyncio.timeout(self.request_timeout):
@@ -43,6 +46,7 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
         reader = asyncio.current_task()
         assert reader is not None
         silence = Silence(reader, self.ping_interval + self.ping_timeout)
+        self.went_silent = False
         broken = False
         read = 0
         try:
@@ -67,7 +71,7 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
                 raise
             reader.uncancel()
             self.logger.warning("Server has stopped communicating, aborting")
-            broken = True
+            self.went_silent = broken = True
         except Exception as error:
             self.logger.info('Unexpected error receiving packet: "%s", aborting', error)
             broken = True

@@ -159,7 +159,7 @@ async def test_killing_the_drones_relay_mid_turn_moves_the_drone_and_ends_the_tu
     assert await store.processing_turns() == []
 
 
-async def test_a_drone_leaves_a_frozen_relay_for_another_and_takes_work_there(
+async def test_a_drone_leaves_a_frozen_relay_for_another_and_its_work_goes_on(
     relay_processes: Start,
     drone_process: Start,
     openai_peer: OpenAIPeer,
@@ -169,7 +169,7 @@ async def test_a_drone_leaves_a_frozen_relay_for_another_and_takes_work_there(
     # A relay that stops (SIGSTOP) keeps its TCP connections open: only the silence of its
     # engine.io pings (every 0.5 s, answered within 1 s here) tells its drones it is gone.
     a, b = await relay_processes(), await relay_processes()
-    drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}")
+    drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}", concurrency=2)
     browser: Browser = await open_browser(b.url)
     await drones_seen_from(browser)
     log = tmp_path / "proc-drone-0.log"
@@ -178,19 +178,49 @@ async def test_a_drone_leaves_a_frozen_relay_for_another_and_takes_work_there(
         return re.findall(r"connected to relay (\S+)", log.read_text())
 
     assert await eventually(connections, timeout=10, what="the drone on a relay") == [a.url]
+    openai_peer.script(SLOW, Reply(chunks=["still ", "here"]))
+    running = (await browser.submit("Outlast a frozen relay"))["turnId"]
+    await browser.wait_text(running, pieces=5, timeout=10)
     a.process.send_signal(signal.SIGSTOP)
     try:
         moved = await eventually(
             lambda: connections()[1:], timeout=15, what="the drone to leave the frozen relay"
         )
         assert moved == [b.url]
-        openai_peer.script(Reply(chunks=["still ", "here"]))
         turn_id = (await browser.submit("Work after a relay froze"))["turnId"]
         assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "still here")
+        ending = await browser.completion(running, timeout=15)
+        assert ending == (running, True, SLOW.text.strip()[:199] + "…")
     finally:
         a.process.send_signal(signal.SIGCONT)
     # The connection it left is closed, not found open later by the garbage collector.
     assert not re.findall(r" (?:ERROR|CRITICAL) |Traceback|Unclosed", log.read_text())
+
+
+async def test_a_drone_that_starts_while_its_first_relay_is_frozen_goes_to_the_next(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    tmp_path: Path,
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    a.process.send_signal(signal.SIGSTOP)  # its kernel still completes the TCP handshake
+    try:
+        drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}")
+        log = tmp_path / "proc-drone-0.log"
+        connected = await eventually(
+            lambda: re.findall(r"connected to relay (\S+)", log.read_text()),
+            timeout=15,
+            what="the drone to give up on the frozen relay",
+        )
+        assert connected == [b.url]
+        browser: Browser = await open_browser(b.url)
+        openai_peer.script(Reply(chunks=["on ", "the next"]))
+        turn_id = (await browser.submit("Work beside a frozen relay"))["turnId"]
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "on the next")
+    finally:
+        a.process.send_signal(signal.SIGCONT)
 
 
 async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
