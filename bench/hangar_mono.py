@@ -49,8 +49,11 @@ def _engineio_loops() -> None:
 
     from hangar.drone.engine import RelayClient
 
+    class EngineioLoops(engineio.AsyncClient):  # type: ignore[misc]
+        went_silent = False  # what the drone asks of its engine.io client after a disconnect
+
     def engineio_client(self: RelayClient) -> Any:
-        return engineio.AsyncClient
+        return EngineioLoops
 
     RelayClient._engineio_client_class = engineio_client  # type: ignore[method-assign]
     logging.getLogger("bench").warning("what-if: engine.io's own client loops in the drone")
