@@ -69,6 +69,11 @@ async def drones_seen_from(browser: Browser, count: int = 1) -> list[dict[str, A
     raise AssertionError(f"{count} drone(s) never became visible; saw {drones}")
 
 
+def relays_joined(log: Path) -> list[str]:
+    """The relays a drone process connected to, in order, from its log."""
+    return re.findall(r"connected to relay (\S+)", log.read_text())
+
+
 async def stored(store: PostgresTurnStore, turn_id: str) -> TurnRecord:
     turn = await store.get_turn(turn_id)
     assert turn is not None
@@ -174,17 +179,15 @@ async def test_a_drone_leaves_a_frozen_relay_for_another_and_its_work_goes_on(
     await drones_seen_from(browser)
     log = tmp_path / "proc-drone-0.log"
 
-    def connections() -> list[str]:
-        return re.findall(r"connected to relay (\S+)", log.read_text())
-
-    assert await eventually(connections, timeout=10, what="the drone on a relay") == [a.url]
+    joined = await eventually(lambda: relays_joined(log), timeout=10, what="the drone on a relay")
+    assert joined == [a.url]
     openai_peer.script(SLOW, Reply(chunks=["still ", "here"]))
     running = (await browser.submit("Outlast a frozen relay"))["turnId"]
     await browser.wait_text(running, pieces=5, timeout=10)
     a.process.send_signal(signal.SIGSTOP)
     try:
         moved = await eventually(
-            lambda: connections()[1:], timeout=15, what="the drone to leave the frozen relay"
+            lambda: relays_joined(log)[1:], timeout=15, what="the drone to leave the frozen relay"
         )
         assert moved == [b.url]
         turn_id = (await browser.submit("Work after a relay froze"))["turnId"]
@@ -210,7 +213,7 @@ async def test_a_drone_that_starts_while_its_first_relay_is_frozen_goes_to_the_n
         drone_process(Upstream("openai", openai_peer), server=f"{a.url},{b.url}")
         log = tmp_path / "proc-drone-0.log"
         connected = await eventually(
-            lambda: re.findall(r"connected to relay (\S+)", log.read_text()),
+            lambda: relays_joined(log),
             timeout=15,
             what="the drone to give up on the frozen relay",
         )
