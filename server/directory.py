@@ -24,8 +24,17 @@ log = logging.getLogger("hangar.relay")
 DRONE_CALL_TIMEOUT = 10.0
 SENDS = 2
 """Times a work order goes to its drone when no answer comes (within ``DRONE_CALL_TIMEOUT``)."""
+MOVE_CHECK = 1.0
+"""Seconds between looks at where a drone is while a work order's answer is awaited through
+another relay: a drone that left that relay (it died or froze) gets the order where it is now,
+not after ``DRONE_CALL_TIMEOUT``."""
 DRONES_COALESCE = 0.25
 LEFT_REMEMBERED = 1000
+
+
+class DroneMoved(socketio.exceptions.TimeoutError):  # type: ignore[misc]
+    """The drone connected again elsewhere while its answer was awaited: what was sent went to a
+    connection that is gone, and no answer will come."""
 
 
 class DroneDirectory:
@@ -93,13 +102,21 @@ class DroneDirectory:
         return drone_id in self.local or await self.live.drone(drone_id) is not None
 
     async def call(
-        self, event: str, data: Any, route: DroneRoute, within: float = DRONE_CALL_TIMEOUT
+        self,
+        event: str,
+        data: Any,
+        route: DroneRoute,
+        within: float = DRONE_CALL_TIMEOUT,
+        *,
+        follow: bool = False,
     ) -> Any:
         """Send ``event`` to a drone and return its answer, like ``AsyncServer.call``, but with
         no task per call, and straight to the socket when the drone is connected here.
 
         Raises ``socketio.exceptions.TimeoutError`` after ``within`` seconds, and
-        ``DisconnectedError`` as soon as a drone connected here leaves without answering.
+        ``DisconnectedError`` as soon as a drone connected here leaves without answering. With
+        ``follow``, a drone connected to another relay that connects again anywhere (``route``
+        is then out of date) raises ``DroneMoved`` within ``MOVE_CHECK``.
         """
         if route.sid in self._left:  # it closed since the route was read
             raise socketio.exceptions.DisconnectedError()
@@ -109,7 +126,7 @@ class DroneDirectory:
         if here:
             self._waiting.setdefault(route.sid, set()).add(answered)
         try:
-            return await self._call(event, data, route, within, answered, here=here)
+            return await self._call(event, data, route, within, answered, here=here, follow=follow)
         finally:
             if here and (waiting := self._waiting.get(route.sid)) is not None:
                 waiting.discard(answered)
@@ -125,6 +142,7 @@ class DroneDirectory:
         answered: asyncio.Future[tuple[Any, ...]],
         *,
         here: bool,
+        follow: bool,
     ) -> Any:
         def on_answer(*args: Any) -> None:
             if not answered.done():
@@ -141,10 +159,28 @@ class DroneDirectory:
         )
         try:
             async with asyncio.timeout(within):
-                args = await answered
+                if here or not follow:
+                    args = await answered
+                else:
+                    args = await self._answer_unless_moved(answered, route)
         except TimeoutError:
             raise socketio.exceptions.TimeoutError() from None
         return args[0] if len(args) == 1 else (args or None)
+
+    async def _answer_unless_moved(
+        self, answered: asyncio.Future[tuple[Any, ...]], route: DroneRoute
+    ) -> tuple[Any, ...]:
+        while True:
+            await asyncio.wait((answered,), timeout=MOVE_CHECK)
+            if answered.done():
+                return answered.result()
+            try:
+                now = await self.route(route.drone_id)
+            except Exception:  # Redis cannot say now: wait on
+                continue
+            # Not connected anywhere (yet) is no news: its relay may only be slow.
+            if now is not None and now.sid != route.sid:
+                raise DroneMoved()
 
     async def views(self) -> list[dict[str, Any]]:
         views = []

@@ -31,7 +31,7 @@ from hangar.shared.protocol import (
 
 from . import queue
 from .background import Background
-from .directory import SENDS, DroneDirectory
+from .directory import SENDS, DroneDirectory, DroneMoved
 from .histories import Histories
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveState
@@ -193,17 +193,19 @@ class Dispatcher:
         )
         for attempt in range(SENDS):
             try:
-                return await self.directory.call(WORK_ORDER, order.wire(), route)
-            except socketio.exceptions.TimeoutError:
+                return await self.directory.call(WORK_ORDER, order.wire(), route, follow=True)
+            except socketio.exceptions.TimeoutError as error:
                 # Lost on the way (the relays' channel was listening again only just after
-                # Redis came back, or the drone's relay died): sent again to where the drone is
-                # now; a drone that had it answers as before, one that ran it says so.
+                # Redis came back, or the drone's relay died or froze and the drone moved):
+                # sent again to where the drone is now; a drone that had it answers as before,
+                # one that ran it says so.
                 moved = await self.directory.route(route.drone_id)
                 if moved is None:
                     return {"ok": False, "error": LEFT}
                 route = moved
                 if attempt + 1 < SENDS:
-                    log.info("work order turn=%s: no answer; sent again", order.turn_id)
+                    why = "the drone moved" if isinstance(error, DroneMoved) else "no answer"
+                    log.info("work order turn=%s: %s; sent again", order.turn_id, why)
                     order = order.model_copy(update={"resent": True})
             except socketio.exceptions.SocketIOError:
                 return {"ok": False, "error": LEFT}

@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from bench.peers import OpenAIPeer, Reply
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
+from hangar.server.directory import DRONE_CALL_TIMEOUT
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
@@ -224,6 +226,49 @@ async def test_a_drone_that_starts_while_its_first_relay_is_frozen_goes_to_the_n
         assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "on the next")
     finally:
         a.process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("fate", ["freezes", "dies"])
+async def test_an_order_sent_through_a_relay_that_freezes_or_dies_follows_the_drone(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    tmp_path: Path,
+    fate: str,
+) -> None:
+    # The order goes through Redis to the drone's relay, which is stopped and never hands it on;
+    # then it stays frozen (the drone leaves it within a second and a half) or is killed (the
+    # drone leaves at once). The order must follow the drone then, not when the sending relay
+    # gives up waiting for the lost answer (``DRONE_CALL_TIMEOUT``).
+    a, b = await relay_processes(), await relay_processes()
+    drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    log = tmp_path / "proc-drone-0.log"
+    assert await eventually(lambda: relays_joined(log), timeout=10, what="a relay") == [b.url]
+    openai_peer.script(Reply(chunks=["followed ", "the drone"]))
+    b.process.send_signal(signal.SIGSTOP)
+    try:
+        sent = time.monotonic()
+        turn_id = (await browser.submit("Follow the drone"))["turnId"]
+        await eventually(
+            lambda: f"work order sent turn={turn_id}" in a.log.read_text(),
+            timeout=10,
+            what="the order on its way through the stopped relay",
+        )
+        if fate == "dies":
+            b.kill()
+        ending = await browser.completion(turn_id, timeout=DRONE_CALL_TIMEOUT + 10)
+        took = browser.progress_times(turn_id)[0] - sent
+    finally:
+        if fate == "freezes":  # a killed relay is ended by the fixture
+            b.process.send_signal(signal.SIGCONT)
+    assert ending == (turn_id, True, "followed the drone")
+    assert relays_joined(log) == [b.url, a.url]
+    assert took < DRONE_CALL_TIMEOUT * 0.7, f"the order reached the drone after {took:.1f} s"
+    assert len(browser.completions(turn_id)) == 1
+    assert "Traceback" not in a.log.read_text()
 
 
 async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
