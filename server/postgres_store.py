@@ -24,6 +24,7 @@ from .store import (
     RECENT_TURNS,
     RENAME_SESSION,
     Ending,
+    RequestTakenError,
     SessionBusyError,
     SessionCursor,
     SessionGoneError,
@@ -136,6 +137,8 @@ class PostgresTurnStore:
             except asyncpg.UniqueViolationError as error:
                 if error.constraint_name == "one_processing_turn":
                     raise SessionBusyError() from None
+                if error.constraint_name == "turns_request":
+                    raise RequestTakenError() from None
                 raise
             except asyncpg.ForeignKeyViolationError:
                 raise SessionGoneError() from None
@@ -148,6 +151,12 @@ class PostgresTurnStore:
         if not messages:
             return TurnRecord.of(dict(row))
         return (await self._with_messages([row]))[0]
+
+    async def turn_of_request(self, owner: str, request_id: str) -> TurnRecord | None:
+        row = await self.pool.fetchrow(
+            "SELECT * FROM turns WHERE owner = $1 AND request_id = $2", owner, request_id
+        )
+        return None if row is None else TurnRecord.of(dict(row))
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         rows = await self.pool.fetch(

@@ -205,6 +205,11 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
         END;
         """,
     },
+    # A submit sent again (its answer was lost) finds the turn it made by the client's key.
+    """
+    ALTER TABLE turns ADD COLUMN request_id TEXT;
+    CREATE UNIQUE INDEX turns_request ON turns (owner, request_id);
+    """,
 ]
 
 

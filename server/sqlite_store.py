@@ -23,6 +23,7 @@ from .store import (
     RECENT_TURNS,
     RENAME_SESSION,
     Ending,
+    RequestTakenError,
     SessionBusyError,
     SessionCursor,
     SessionGoneError,
@@ -170,6 +171,8 @@ class SqliteTurnStore:
         try:
             await self._write(insert)
         except sqlite3.IntegrityError as error:
+            if "turns.request_id" in str(error):
+                raise RequestTakenError() from None
             if "turns.session_id" in str(error):
                 raise SessionBusyError() from None
             if "FOREIGN KEY" in str(error):
@@ -182,6 +185,15 @@ class SqliteTurnStore:
             if row is None:
                 return None
             return _with_messages(self.conn, [row])[0] if messages else TurnRecord.of(dict(row))
+
+        return await self._call(read)
+
+    async def turn_of_request(self, owner: str, request_id: str) -> TurnRecord | None:
+        def read() -> TurnRecord | None:
+            row = self.conn.execute(
+                "SELECT * FROM turns WHERE owner = ? AND request_id = ?", (owner, request_id)
+            ).fetchone()
+            return None if row is None else TurnRecord.of(dict(row))
 
         return await self._call(read)
 

@@ -77,6 +77,8 @@ class TurnRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     usage_estimated: int | None = None
+    request_id: str | None = None
+    """The client's key of the submit that made it (``SubmitWorkOrder.request_id``)."""
 
     @classmethod
     def of(cls, row: dict[str, Any], messages: list[ChatMessage] | None = None) -> TurnRecord:
@@ -132,9 +134,9 @@ class Ending:
 
 TURN_COLUMNS = (
     "turn_id, session_id, owner, prompt, status, result, text, drone_id, created_at, ended_at,"
-    " wanted_drone, started_at"
+    " wanted_drone, started_at, request_id"
 )
-INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * 13)})"
 
 
 def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
@@ -152,6 +154,7 @@ def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
         turn.ended_at,
         turn.wanted_drone,
         turn.started_at,
+        turn.request_id,
     )
 
 
@@ -209,6 +212,10 @@ class Database(Protocol):
 
 class SessionGoneError(Exception):
     """The session of a new turn does not exist (it was deleted meanwhile)."""
+
+
+class RequestTakenError(Exception):
+    """The person already has a turn made by a submit with this ``request_id``."""
 
 
 class SessionBusyError(Exception):
@@ -288,10 +295,14 @@ class TurnStore(Database, Protocol):
 
     async def create_turn(self, turn: TurnRecord) -> None:
         """Store a new turn (``queued``, or ``processing`` with its drone) with its first
-        messages. Raises ``SessionBusyError`` for a second processing turn in a session."""
+        messages. Raises ``SessionBusyError`` for a second processing turn in a session, and
+        ``RequestTakenError`` (storing nothing) when the owner has a turn of its request id."""
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
         """The turn, with its messages unless ``messages`` is False."""
+
+    async def turn_of_request(self, owner: str, request_id: str) -> TurnRecord | None:
+        """The owner's turn made by the submit with ``request_id`` (without its messages)."""
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         """The session's turns, oldest first."""

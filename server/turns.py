@@ -47,7 +47,14 @@ from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
 from .rooms import UNKNOWN_SESSION, Rooms
-from .store import Ending, SessionGoneError, SessionRecord, TurnRecord, TurnStore
+from .store import (
+    Ending,
+    RequestTakenError,
+    SessionGoneError,
+    SessionRecord,
+    TurnRecord,
+    TurnStore,
+)
 
 log = logging.getLogger("hangar.relay")
 
@@ -59,6 +66,7 @@ ACCEPTED_REMEMBERED = 10_000
 """Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
+REQUEST_ID_TAKEN = "This request id was already used for another prompt; make a new one."
 ABORT_ANSWER = 2.0
 """Seconds a drone has to acknowledge an abort; past that the relay ends the turn itself."""
 
@@ -105,6 +113,10 @@ class TurnLifecycle(TurnEndings):
 
     async def submit(self, viewer: User, sid: str, request: SubmitWorkOrder) -> dict[str, Any]:
         owner = viewer.user_id
+        if request.request_id is not None:
+            earlier = await self.store.turn_of_request(owner, request.request_id)
+            if earlier is not None:
+                return await self._sent_again(sid, request, earlier)
         if await queue.queued_count(self.store, owner) >= self.queue_limit:
             return {"ok": False, "error": queue_full(self.queue_limit)}
         if request.session_id is not None:
@@ -122,11 +134,19 @@ class TurnLifecycle(TurnEndings):
             status="queued",
             wanted_drone=request.drone_id,
             messages=[ChatMessage(role="user", content=request.prompt)],
+            request_id=request.request_id,
         )
         try:
             await self.store.create_turn(turn)
         except SessionGoneError:  # deleted at this very moment
             return {"ok": False, "error": UNKNOWN_SESSION}
+        except RequestTakenError:  # the same submit, sent again, landed at this very moment
+            if request.session_id is None:
+                await self.store.delete_session(session.session_id)  # made for nothing
+            earlier = await self.store.turn_of_request(owner, request.request_id or "")
+            if earlier is None:  # and its session was deleted since
+                return {"ok": False, "error": UNKNOWN_SESSION}
+            return await self._sent_again(sid, request, earlier)
         await self.rooms.join_session(sid, session.session_id)
         await self.rooms.to_session(session.session_id, TURN_STARTED, turn.view().wire())
         if request.mode == "interrupt":
@@ -134,6 +154,25 @@ class TurnLifecycle(TurnEndings):
                 await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
         self.dispatcher.wake()
         return {"ok": True, "turnId": turn.turn_id, "sessionId": session.session_id}
+
+    async def _sent_again(
+        self, sid: str, request: SubmitWorkOrder, earlier: TurnRecord
+    ) -> dict[str, Any]:
+        """A submit whose request id made ``earlier``: the first one's answer, if it is the
+        same prompt (for the same session); this connection now follows that session."""
+        if earlier.prompt != request.prompt or request.session_id not in (
+            None,
+            earlier.session_id,
+        ):
+            return {"ok": False, "error": REQUEST_ID_TAKEN}
+        await self.rooms.join_session(sid, earlier.session_id)
+        log.info("submit turn=%s sent again (request %s)", earlier.turn_id, request.request_id)
+        return {
+            "ok": True,
+            "turnId": earlier.turn_id,
+            "sessionId": earlier.session_id,
+            "sentAgain": True,
+        }
 
     async def abort(self, viewer: User, request: AbortWorkOrderRequest) -> tuple[bool, str]:
         """Abort a queued turn at once, or tell the drone running it (the intent is kept)."""

@@ -122,6 +122,9 @@ class SubmitWorkOrder(Wire):
     mode: Literal["queue", "interrupt"] = "queue"
     """In a session with a running turn: ``queue`` runs this prompt after it ends; ``interrupt``
     aborts it and runs this prompt once the abort has landed."""
+    request_id: Id | None = None
+    """A key the client makes once per prompt it sends: the same submit sent again with it (its
+    answer was lost) is answered as the first was, never stored as a second turn."""
 
 
 class AbortWorkOrderRequest(Wire):

@@ -365,12 +365,16 @@ async def test_search_finds_sessions_by_title_or_prompt_in_any_case(browsers: St
 # ---- stores made before last activity was kept
 
 
+ACTIVITY_MIGRATION = next(i for i, m in enumerate(migrations("sqlite")) if "last_activity" in m)
+"""The index of the migration that orders sessions by their last activity."""
+
+
 async def test_a_sqlite_store_of_an_earlier_version_orders_its_sessions_by_activity(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
-    earlier = migrations("sqlite")[:-1]
+    earlier = migrations("sqlite")[:ACTIVITY_MIGRATION]
     db.executescript("".join(earlier) + f"PRAGMA user_version = {len(earlier)};")
     _old_rows(db.execute)
     db.commit()
@@ -394,7 +398,7 @@ async def test_a_postgres_store_of_an_earlier_version_orders_its_sessions_by_act
     postgres_url: str,
 ) -> None:
     db = await asyncpg.connect(postgres_url)
-    earlier = migrations("postgresql")[:-1]
+    earlier = migrations("postgresql")[:ACTIVITY_MIGRATION]
     await db.execute("CREATE TABLE hangar_schema (version INTEGER NOT NULL)")
     for number, script in enumerate(earlier, start=1):
         await db.execute(script)

@@ -14,6 +14,7 @@ from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
     Ending,
+    RequestTakenError,
     SessionBusyError,
     SessionRecord,
     TurnRecord,
@@ -356,6 +357,31 @@ async def test_a_session_has_at_most_one_processing_turn(store: TurnStore) -> No
 
     assert [t.turn_id for t in await store.processing_turns(session_id="s_1")] == ["t_3"]
     assert [t.turn_id for t in await store.list_turns("s_1")] == ["t_1", "t_3"]
+
+
+async def test_a_turn_is_found_by_its_owners_request_id_which_makes_no_second_turn(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    await new_session(store, "s_2", owner="bob")
+
+    def turn(turn_id: str, session_id: str, owner: str, request_id: str | None) -> TurnRecord:
+        return TurnRecord(turn_id, session_id, owner, "Hi", "queued", request_id=request_id)
+
+    await store.create_turn(turn("t_1", "s_1", "alice", "r_1"))
+    await store.create_turn(turn("t_2", "s_2", "bob", "r_1"))  # another person's key
+    await store.create_turn(turn("t_3", "s_1", "alice", None))
+    await store.create_turn(turn("t_4", "s_1", "alice", None))  # no key: never "the same"
+    with pytest.raises(RequestTakenError):
+        await store.create_turn(turn("t_5", "s_1", "alice", "r_1"))
+
+    found = await store.turn_of_request("alice", "r_1")
+    assert found is not None and (found.turn_id, found.request_id) == ("t_1", "r_1")
+    found = await store.turn_of_request("bob", "r_1")
+    assert found is not None and found.turn_id == "t_2"
+    assert await store.turn_of_request("alice", "r_2") is None
+    assert await store.get_turn("t_5") is None
+    assert [t.turn_id for t in await store.list_turns("s_1")] == ["t_1", "t_3", "t_4"]
 
 
 async def test_a_busy_session_does_not_block_other_sessions(store: TurnStore) -> None:
