@@ -15,6 +15,12 @@ function showModifierKey(interrupt) {
   interrupt.setAttribute("aria-keyshortcuts", MAC ? "Meta+Enter" : "Control+Enter");
 }
 
+/** A new key for one submit (`requestId`): 96 random bits, in the relay's id alphabet. */
+function newRequestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return `r_${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
 export function createControls(state, { conversation, sessions, drones }) {
   const form = byId("prompt-form");
   const prompt = byId("prompt");
@@ -26,6 +32,8 @@ export function createControls(state, { conversation, sessions, drones }) {
   let submitting = false;
   /** While ArrowUp/ArrowDown walk the session's prompts: `{index, value}` of the one shown. */
   let recalled = null;
+  /** The last submit that got no answer (it may have landed): sent again, it keeps its key. */
+  let unanswered = null;
   showModifierKey(interrupt);
 
   /** The keyboard to the prompt; to the conversation when the prompt is disabled (watching). */
@@ -80,10 +88,14 @@ export function createControls(state, { conversation, sessions, drones }) {
       return;
     }
     const sessionAtSubmit = state.currentSessionId;
+    const droneId = drones.picked();
     const payload = { prompt: text, mode };
     if (sessionAtSubmit) payload.sessionId = sessionAtSubmit;
-    const droneId = drones.picked();
     if (droneId) payload.droneId = droneId;
+    // The same submit sent again after no answer carries the same key: the relay answers it
+    // with the turn the first one made, if it did, instead of making a second.
+    const again = unanswered && JSON.stringify(unanswered.payload) === JSON.stringify(payload);
+    payload.requestId = again ? unanswered.requestId : newRequestId();
 
     submitting = true;
     conversation.follow(); // a person who sends something wants to see it answered
@@ -92,12 +104,15 @@ export function createControls(state, { conversation, sessions, drones }) {
     try {
       [res] = await request(SUBMIT_WORK_ORDER, payload);
     } catch (err) {
-      toast(err.message, { error: true });
+      const { requestId, ...sent } = payload;
+      unanswered = { requestId, payload: sent };
+      toast(`${err.message} Send it again once connected: it will not run twice.`, { error: true });
       return;
     } finally {
       submitting = false;
       sync();
     }
+    unanswered = null;
     if (!res?.ok) {
       toast(res?.error || "The work order was refused.", { error: true });
       return;
@@ -112,6 +127,11 @@ export function createControls(state, { conversation, sessions, drones }) {
     if (state.currentSessionId !== sessionAtSubmit) return; // the person moved on meanwhile
     const started = !sessionAtSubmit && sessionId;
     if (started) sessions.adopt(sessionId, text);
+    if (res.sentAgain && sessionId) {
+      // The first send made the turn: the session's snapshot shows it as it is now.
+      sessions.open(sessionId);
+      return;
+    }
     if (turnId && sessionId) {
       // Normally `turnStarted` came first and the card exists; this adds it if it did not.
       conversation.upsertTurn({
