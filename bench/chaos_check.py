@@ -182,8 +182,8 @@ async def verdict(
         ["work orders submitted and acknowledged (`{ok: true, turnId}`)", n],
         ["submits never answered within 30 s of tries (the turn may exist: see stray)",
          len(orders) - n],
-        ["stray turns: in the store, but no browser got their id (a submit whose ack did not "
-         "come within the page's 15 s, sent again)", len(stray)],
+        ["stray turns: in the store, but no browser got their id (a submit that landed, none "
+         "of whose tries got an answer; a try sent again gets the first one's turn)", len(stray)],
         ["**ended exactly once**: terminal in the store, one `workOrderComplete` to the submitting "
          "browser", f"{once} / {n}"],
         ["ended while the browser was away (its relay died) or while Redis could not carry the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -143,8 +144,11 @@ class Person:
 
     async def submit(self, prompt: str, session_id: str | None, mode: str) -> tuple[str, str]:
         """Submit a work order; (turn id, session id), or ("", "") when it was never answered
-        (the turn may exist all the same: the benchmark finds such turns in the store)."""
+        (the turn may exist all the same: the benchmark finds such turns in the store). Every
+        try carries the same request id, as the page's do: a try whose answer was lost and
+        that is sent again is answered with the turn it made."""
         payload: dict[str, Any] = {"prompt": prompt, "mode": mode}
+        payload["requestId"] = f"r_{secrets.token_hex(12)}"
         if session_id:
             payload["sessionId"] = session_id
         answer = await self.call("submitWorkOrder", payload)
