@@ -32,8 +32,11 @@ export function createControls(state, { conversation, sessions, drones }) {
   let submitting = false;
   /** While ArrowUp/ArrowDown walk the session's prompts: `{index, value}` of the one shown. */
   let recalled = null;
-  /** The last submit that got no answer (it may have landed): sent again, it keeps its key. */
-  let unanswered = null;
+  /**
+   * The last submit that got no answer, or a refusal (either way it may have landed: a relay
+   * whose Redis failed after storing the turn refuses it): sent again, it keeps its key.
+   */
+  let unsettled = null;
   showModifierKey(interrupt);
 
   /** The keyboard to the prompt; to the conversation when the prompt is disabled (watching). */
@@ -92,10 +95,11 @@ export function createControls(state, { conversation, sessions, drones }) {
     const payload = { prompt: text, mode };
     if (sessionAtSubmit) payload.sessionId = sessionAtSubmit;
     if (droneId) payload.droneId = droneId;
-    // The same submit sent again after no answer carries the same key: the relay answers it
-    // with the turn the first one made, if it did, instead of making a second.
-    const again = unanswered && JSON.stringify(unanswered.payload) === JSON.stringify(payload);
-    payload.requestId = again ? unanswered.requestId : newRequestId();
+    // The same submit sent again after no answer (or a refusal) carries the same key: the
+    // relay answers it with the turn the first one made, if it did, instead of making a second.
+    const again = unsettled && JSON.stringify(unsettled.payload) === JSON.stringify(payload);
+    payload.requestId = again ? unsettled.requestId : newRequestId();
+    const { requestId, ...sent } = payload;
 
     submitting = true;
     conversation.follow(); // a person who sends something wants to see it answered
@@ -104,19 +108,19 @@ export function createControls(state, { conversation, sessions, drones }) {
     try {
       [res] = await request(SUBMIT_WORK_ORDER, payload);
     } catch (err) {
-      const { requestId, ...sent } = payload;
-      unanswered = { requestId, payload: sent };
+      unsettled = { requestId, payload: sent };
       toast(`${err.message} Send it again once connected: it will not run twice.`, { error: true });
       return;
     } finally {
       submitting = false;
       sync();
     }
-    unanswered = null;
     if (!res?.ok) {
+      unsettled = { requestId, payload: sent };
       toast(res?.error || "The work order was refused.", { error: true });
       return;
     }
+    unsettled = null;
     if (fromComposer && prompt.value === text) {
       prompt.value = "";
       recalled = null;

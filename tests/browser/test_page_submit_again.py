@@ -1,11 +1,12 @@
-"""A submit whose answer the page never got, sent again from the page in real Chromium: the
-connection drops between the relay storing the turn and its answer reaching the page, and the
-person presses Enter again once the page is connected again (``docs/protocol.md``,
-``requestId``)."""
+"""A submit whose answer the page never got, or got as a refusal, sent again from the page in
+real Chromium: the connection drops between the relay storing the turn and its answer reaching
+the page (or the relay stored it and then failed), and the person presses Enter again once the
+page is connected again (``docs/protocol.md``, ``requestId``)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from playwright.async_api import Page, WebSocketRoute, expect
 
 from bench.peers import OpenAIPeer
+from hangar.server.connections import UNAVAILABLE
 from tests.browser.test_page import WAIT_MS, open_hangar
 from tests.conftest import RelayHandle, Upstream
 
@@ -22,9 +24,10 @@ pytestmark = pytest.mark.browser
 SUBMIT = re.compile(r'^42/ide,(\d+)\["submitWorkOrder",')
 
 
-async def lose_the_first_submits_answer(page: Page) -> asyncio.Event:
+async def lose_the_first_submits_answer(page: Page, refusal: str | None = None) -> asyncio.Event:
     """Pass the page's websockets through, except that the answer to the first submit is
-    dropped and that connection closed at both ends; the event is set once it was."""
+    dropped and that connection closed at both ends (or, with ``refusal``, the answer is that
+    refusal instead); the event is set once it was."""
     lost = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
 
@@ -41,10 +44,20 @@ async def lose_the_first_submits_answer(page: Page) -> asyncio.Event:
             relay_side.send(message)
 
         def from_relay(message: str | bytes) -> None:
-            if lost.is_set():
-                return
-            if submit_ack and isinstance(message, str) and message.startswith(submit_ack[0]):
+            if lost.is_set() and refusal is None:
+                return  # this connection is closing
+            if (
+                not lost.is_set()
+                and submit_ack
+                and isinstance(message, str)
+                and message.startswith(submit_ack[0])
+            ):
                 lost.set()
+                if refusal is not None:
+                    page_side.send(
+                        submit_ack[0] + json.dumps({"ok": False, "error": refusal}) + "]"
+                    )
+                    return
                 for side in (page_side, relay_side):
                     task = asyncio.get_running_loop().create_task(side.close())
                     tasks.add(task)
@@ -59,11 +72,17 @@ async def lose_the_first_submits_answer(page: Page) -> asyncio.Event:
     return lost
 
 
+@pytest.mark.parametrize("answer", ["lost", "refused"])
 async def test_a_submit_whose_answer_was_lost_sent_again_from_the_page_runs_once(
-    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    answer: str,
 ) -> None:
     await start_drone(Upstream("openai", openai_peer))
-    lost = await lose_the_first_submits_answer(page)
+    refusal = UNAVAILABLE if answer == "refused" else None
+    lost = await lose_the_first_submits_answer(page, refusal)
     await open_hangar(page, relay, "resender")
     await page.wait_for_function(
         "() => window.hangar.socket.io.engine?.transport?.name === 'websocket'", timeout=WAIT_MS
@@ -72,7 +91,8 @@ async def test_a_submit_whose_answer_was_lost_sent_again_from_the_page_runs_once
     await page.fill("#prompt", "Only once, please")
     await page.press("#prompt", "Enter")
     await asyncio.wait_for(lost.wait(), WAIT_MS / 1000)
-    await expect(page.locator(".toast", has_text="it will not run twice")).to_be_visible()
+    told = refusal or "it will not run twice"
+    await expect(page.locator(".toast", has_text=told)).to_be_visible()
     await expect(page.locator("#connection")).to_have_attribute(
         "data-state", "connected", timeout=WAIT_MS
     )
