@@ -147,8 +147,11 @@ class Person:
         (the turn may exist all the same: the benchmark finds such turns in the store). Every
         try carries the same request id, as the page's do: a try whose answer was lost and
         that is sent again is answered with the turn it made."""
-        payload: dict[str, Any] = {"prompt": prompt, "mode": mode}
-        payload["requestId"] = f"r_{secrets.token_hex(12)}"
+        payload: dict[str, Any] = {
+            "prompt": prompt,
+            "mode": mode,
+            "requestId": f"r_{secrets.token_hex(12)}",
+        }
         if session_id:
             payload["sessionId"] = session_id
         answer = await self.call("submitWorkOrder", payload)

@@ -100,6 +100,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     const again = unsettled && JSON.stringify(unsettled.payload) === JSON.stringify(payload);
     payload.requestId = again ? unsettled.requestId : newRequestId();
     const { requestId, ...sent } = payload;
+    unsettled = { requestId, payload: sent }; // until the relay answers it ok
 
     submitting = true;
     conversation.follow(); // a person who sends something wants to see it answered
@@ -108,7 +109,6 @@ export function createControls(state, { conversation, sessions, drones }) {
     try {
       [res] = await request(SUBMIT_WORK_ORDER, payload);
     } catch (err) {
-      unsettled = { requestId, payload: sent };
       toast(`${err.message} Send it again once connected: it will not run twice.`, { error: true });
       return;
     } finally {
@@ -116,7 +116,6 @@ export function createControls(state, { conversation, sessions, drones }) {
       sync();
     }
     if (!res?.ok) {
-      unsettled = { requestId, payload: sent };
       toast(res?.error || "The work order was refused.", { error: true });
       return;
     }
