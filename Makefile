@@ -6,7 +6,7 @@ PYTHON ?= python3
 BIN = $(VENV)/bin
 TYPECHECK = build/typecheck/hangar
 
-.PHONY: demo test check install browser clean
+.PHONY: demo test check install browser constraints clean
 
 demo: install
 	$(BIN)/hangar demo
@@ -21,12 +21,22 @@ check: install $(TYPECHECK)
 
 install: $(VENV)/.installed
 
-# The package data includes web/vendor, so it is copied before the install.
-$(VENV)/.installed: pyproject.toml web/vendor/.copied
+# The package data includes web/vendor, so it is copied before the install. Every Python
+# package installs at the version in constraints.txt, the set the tests last passed with.
+$(VENV)/.installed: pyproject.toml constraints.txt web/vendor/.copied
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
+
+# Take the newest releases pyproject.toml admits into constraints.txt (then run `make test`).
+constraints: web/vendor/.copied
+	rm -rf build/constraints && $(PYTHON) -m venv build/constraints
+	build/constraints/bin/python -m pip install --quiet --upgrade pip setuptools
+	build/constraints/bin/python -m pip install --quiet -e '.[dev]'
+	{ echo "# Written by \`make constraints\`: the versions \`make install\` takes."; \
+	  build/constraints/bin/python -m pip freeze --exclude-editable; } > constraints.txt
+	rm -rf build/constraints
 
 web/node_modules/.package-lock.json: web/package-lock.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error
