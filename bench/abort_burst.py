@@ -2,10 +2,13 @@
 each), then every one is aborted in the same instant; emit → ack and emit → complete, with the
 steps between from the processes' logs (``bench.timeline``).
 
-    .venv/bin/python -m bench.abort_burst [--streams 200] [--runs 3] [--profile]
+    .venv/bin/python -m bench.abort_burst [--streams 200] [--runs 3] [--profile] [--light]
 
-Each run starts its own processes; the figures are the medians of the runs' percentiles.
-``--profile`` samples the relay and one drone with py-spy during the aborts of the last run.
+Each run starts its own processes; the figures are the medians of the runs' percentiles. A
+second table shows the burst as a whole: when the first, half and last of the turns reached
+each step, from the first emit. ``--profile`` samples the relay and one drone with py-spy
+during the aborts of the last run. ``--light`` runs the browsers with ``bench.light``, which
+costs the machine about half as much as python-socketio's client.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import time
 from pathlib import Path
 
 from .common import (
-    Browser,
+    Client,
     Stack,
-    connect_browsers,
+    connect_clients,
     cpu_load,
     quantile,
     run_main,
@@ -37,7 +40,7 @@ from .timeline import STEPS, Run, collect
 TARGETS = {"ack": 50.0, "complete": 100.0}
 
 
-async def abort_one(browser: Browser, turn_id: str, run: Run) -> None:
+async def abort_one(browser: Client, turn_id: str, run: Run) -> None:
     emitted, acked, success, message = await browser.abort(turn_id)
     run.emitted[turn_id] = emitted
     run.stamp("ack", turn_id, acked)
@@ -49,7 +52,7 @@ async def abort_one(browser: Browser, turn_id: str, run: Run) -> None:
 
 async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tuple[Run, str]:
     stack = Stack(workdir)
-    browsers: list[Browser] = []
+    browsers: list[Client] = []
     try:
         relay, relay_proc = await (stack.forwarder() if args.forwarder else stack.relay())
         peer, peer_proc = await stack.peer("openai", args.interval)
@@ -62,9 +65,9 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
                 await drone.wait_line(r"connected to relay", 60)
         else:
             await wait_drones(relay, args.drones)
-        browsers = await connect_browsers(relay, args.streams)
+        browsers = await connect_clients(relay, args.streams, args.light)
         run = Run(f"{args.streams} streams, burst", loaded=True)
-        owner: dict[str, Browser] = {}
+        owner: dict[str, Client] = {}
         for i, browser in enumerate(browsers):
             prompt = f"bench burst {time.time()} {i}"
             turn_id = await browser.submit(prompt)
@@ -124,12 +127,34 @@ async def main_async(args: argparse.Namespace) -> None:
         rows.append([step, len(per_run[0]), f"{p50:.1f}", f"{p99:.1f}", f"{top:.1f}", verdict])
     print(f"a burst of {args.streams} aborts; medians of {len(runs)} runs")
     print(table(["emit → step", "n per run", "p50 ms", "p99 ms", "max ms", "p99 target"], rows))
+    print("\nthe burst as a whole: when each step was reached, ms after the first emit")
+    print(table(["step", "first", "10%", "50%", "90%", "last"], _pipeline(runs)))
     for i, run in enumerate(runs):
         print(f"- run {i + 1}: {run.note}")
         for failure in run.failures[:5]:
             print(f"  - {failure}")
     if profiles:
         print(profiles)
+
+
+def _pipeline(runs: list[Run]) -> list[list[str]]:
+    """Per step, when the first, 10%, half, 90% and last of the turns reached it, from the
+    first emit of their run (medians over the runs): where the burst queues."""
+    rows = []
+    for step in ["emit", *(name for name, _ in STEPS)]:
+        per_run = []
+        for run in runs:
+            first = min(run.emitted.values(), default=0.0)
+            stamps = run.emitted if step == "emit" else run.stamps.get(step, {})
+            per_run.append(sorted(at - first for at in stamps.values()))
+        if not all(per_run):
+            continue
+        marks = (0.0, 0.1, 0.5, 0.9, 1.0)
+        cells = [
+            statistics.median(v[round(q * (len(v) - 1))] * 1000 for v in per_run) for q in marks
+        ]
+        rows.append([step, *(f"{c:.1f}" for c in cells)])
+    return rows
 
 
 def main() -> None:
@@ -146,6 +171,12 @@ def main() -> None:
         "of the relay: the floor the drones and the transport set",
     )
     parser.add_argument("--logs", help="keep the processes' logs (and profiles) here")
+    parser.add_argument(
+        "--light",
+        action="store_true",
+        help="the browsers speak socket.io's wire protocol over bare websockets (bench.light): "
+        "how much of the figures the benchmark's own clients are",
+    )
     run_main(main_async(parser.parse_args()))
 
 

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from .common import (
     Browser,
+    Client,
     Proc,
     Stack,
     connect_browsers,
+    connect_clients,
     cpu_load,
     quantile,
     run_main,
@@ -74,13 +76,13 @@ async def burst(
         stack.spawn(f"synthetic-{i}", ["-m", "bench.synthetic", url, f"burst-{i}", str(0.5)])
         for i in range(args.drones)
     ]
-    browsers: list[Browser] = []
+    browsers: list[Client] = []
     try:
         for drone in drones:
             await drone.wait_line(r"SYNTHETIC \S+ READY")
         if relay:
             await wait_drones(url, args.drones)
-        browsers = await connect_browsers(url, args.streams)
+        browsers = await connect_clients(url, args.streams, args.light)
         owner = {await browser.submit(f"burst {i}"): browser for i, browser in enumerate(browsers)}
         waits = [b.first_progress[t].wait() for t, b in owner.items()]
         await asyncio.wait_for(asyncio.gather(*waits), 60)
@@ -177,6 +179,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="--burst: py-spy the relay")
     parser.add_argument(
         "--servers", default="relay,bare forwarder", help="--burst: which servers, in this order"
+    )
+    parser.add_argument(
+        "--light", action="store_true", help="--burst: the browsers of bench.light (cheaper)"
     )
     run_main(main_async(parser.parse_args()))
 

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import socketio
 
@@ -273,6 +273,20 @@ class Browser:
         return emitted, at, success, message
 
 
+class Client(Protocol):
+    """What the burst benchmarks need of a browser: ``Browser``, or ``bench.light``'s."""
+
+    first_progress: dict[str, asyncio.Event]
+    done: dict[str, asyncio.Event]
+    completed: dict[str, tuple[float, bool, str]]
+
+    async def submit(self, prompt: str) -> str: ...
+
+    async def abort(self, turn_id: str) -> tuple[float, float, bool, str]: ...
+
+    async def close(self) -> None: ...
+
+
 async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browser]:
     browsers: list[Browser] = []
     tokens = await people(url, count)
@@ -280,6 +294,21 @@ async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browse
         chosen = tokens[start : start + batch]
         browsers += await asyncio.gather(*(Browser(url, token).connect() for token in chosen))
     return browsers
+
+
+async def connect_clients(url: str, count: int, light: bool) -> list[Client]:
+    """``count`` browsers, a person each: python-socketio clients, or with ``light`` the
+    cheaper ones of ``bench.light``."""
+    if not light:
+        return list(await connect_browsers(url, count))
+    from .light import LightBrowser
+
+    clients: list[Client] = []
+    tokens = await people(url, count)
+    for start in range(0, count, 25):
+        chosen = tokens[start : start + 25]
+        clients += await asyncio.gather(*(LightBrowser(url, token).connect() for token in chosen))
+    return clients
 
 
 def quantile(values: Sequence[float], q: float) -> float:
