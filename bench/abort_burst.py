@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
+import pstats
 import random
+import signal
 import statistics
 import tempfile
 import time
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from .common import (
     Client,
+    Proc,
     Stack,
     connect_clients,
     cpu_load,
@@ -52,6 +56,8 @@ async def abort_one(browser: Client, turn_id: str, run: Run) -> None:
 
 async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tuple[Run, str]:
     stack = Stack(workdir)
+    if args.cprofile:
+        os.environ["HANGAR_BENCH_CPROFILE"] = str(workdir)  # the processes started below
     browsers: list[Client] = []
     try:
         relay, relay_proc = await (stack.forwarder() if args.forwarder else stack.relay())
@@ -86,15 +92,23 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
         pids["drones"] = [d.pid for d in drones]
         pids["workers"] = [pid for d in drones for pid in with_children(d.pid)[1:]]
         pids |= {"peer": [peer_proc.pid], "bench": [os.getpid()]}
+        profiled = [relay_proc.pid, *pids["drones"]] if args.cprofile else []
+        for pid in profiled:
+            os.kill(pid, signal.SIGUSR1)
         with cpu_load(pids) as cpu:
             await asyncio.gather(*(abort_one(owner[t], t, run) for t in turns))
+        for pid in profiled:
+            os.kill(pid, signal.SIGUSR2)
         note = f"{quiet}; load {os.getloadavg()[0]:.2f}; CPU while aborting: "
         note += ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
         run.note = f"{note}; waited for a core: {cpu.waits()}"
         await collect(run, peer, relay_proc, drones)
         for spy, _ in spies:
             await asyncio.to_thread(spy.popen.wait, 30)
-        return run, "\n".join(top_frames(path) for _, path in spies if path.exists())
+        found = "\n".join(top_frames(path) for _, path in spies if path.exists())
+        if profiled:
+            found += await cprofile_summary(relay_proc, drones)
+        return run, found
     finally:
         for browser in browsers:
             await browser.close()
@@ -137,6 +151,17 @@ async def main_async(args: argparse.Namespace) -> None:
         print(profiles)
 
 
+async def cprofile_summary(relay: Proc, drones: list[Proc]) -> str:
+    """The functions the relay and the drones (together) spent the burst in, by own time."""
+    out = []
+    for name, chosen in (("relay", [relay]), ("drones", drones)):
+        paths = [(await p.wait_line(r"cprofile written to (\S+)")).group(1) for p in chosen]
+        stream = io.StringIO()
+        pstats.Stats(*paths, stream=stream).sort_stats("tottime").print_stats(30)
+        out.append(f"cProfile, {name}, the burst only (CPU time, profiled):\n{stream.getvalue()}")
+    return "\n".join(out)
+
+
 def _pipeline(runs: list[Run]) -> list[list[str]]:
     """Per step, when the first, 10%, half, 90% and last of the turns reached it, from the
     first emit of their run (medians over the runs): where the burst queues."""
@@ -171,6 +196,11 @@ def main() -> None:
         "of the relay: the floor the drones and the transport set",
     )
     parser.add_argument("--logs", help="keep the processes' logs (and profiles) here")
+    parser.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="cProfile the relay and the drones' own processes during the aborts (slower)",
+    )
     parser.add_argument(
         "--light",
         action="store_true",

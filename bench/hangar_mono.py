@@ -10,6 +10,10 @@ What-if experiments (not the shipped behaviour), to measure where a latency come
 - ``HANGAR_BENCH_ENGINEIO_LOOPS=1``: a drone's websocket is read and written by engine.io's own
   client loops instead of ``drone/engine.py``'s.
 
+Profiling (behaviour unchanged): ``HANGAR_BENCH_CPROFILE=DIR``: SIGUSR1 starts cProfile on the
+main thread, on its CPU time, SIGUSR2 stops it and writes ``DIR/<pid>.prof``
+(``bench.abort_burst --cprofile``).
+
 Tracing (behaviour unchanged): ``HANGAR_BENCH_TRACE_ACKS=1`` logs ``trace ack written`` when a
 drone writes an ``(True, "Abort signaled")`` ack frame and ``trace ack read`` when the relay's
 engine.io layer reads one. ``HANGAR_BENCH_TRACE_GC=1`` logs every garbage collection that
@@ -103,6 +107,25 @@ def _trace_gc() -> None:
     gc.callbacks.append(timed)
 
 
+def _cprofile(folder: str) -> None:
+    import cProfile
+    import signal
+
+    profile = cProfile.Profile(time.thread_time)  # CPU time: waiting for a core is not cost
+
+    def start(signum: int, frame: object) -> None:
+        profile.enable()
+
+    def stop(signum: int, frame: object) -> None:
+        profile.disable()
+        path = os.path.join(folder, f"{os.getpid()}.prof")
+        profile.dump_stats(path)
+        logging.getLogger("bench").warning("cprofile written to %s", path)
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+
+
 def run(argv: list[str]) -> int:
     handler = logging.StreamHandler()
     handler.addFilter(_Monotonic())
@@ -115,6 +138,8 @@ def run(argv: list[str]) -> int:
         _engineio_loops()
     if os.environ.get("HANGAR_BENCH_TRACE_ACKS"):
         _trace_acks()
+    if folder := os.environ.get("HANGAR_BENCH_CPROFILE"):
+        _cprofile(folder)
     if os.environ.get("HANGAR_BENCH_TRACE_GC"):
         _trace_gc()
     return main(argv)
