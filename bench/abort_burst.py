@@ -207,7 +207,10 @@ def main() -> None:
         help="the browsers speak socket.io's wire protocol over bare websockets (bench.light): "
         "how much of the figures the benchmark's own clients are",
     )
-    run_main(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    if args.cprofile and args.forwarder:
+        parser.error("--cprofile profiles the relay: not with --forwarder")
+    run_main(main_async(args))
 
 
 if __name__ == "__main__":
