@@ -8,7 +8,10 @@ what is left is socket.io hops plus what the server does.
 
 ``--burst`` is ``bench.abort_burst`` on the same floor: 4 synthetic drones, each a process of its
 own, stream a text event every 0.5 s for each of 200 turns (one browser connection and person
-per turn); then all 200 are aborted in the same instant.
+per turn); then all 200 are aborted in the same instant. With ``--sdk`` the synthetic drones
+stream each turn from an upstream peer through the openai SDK and close that stream on an abort
+before the turn ends (the least a drone must do); ``--light`` runs the browsers as
+``bench.light``'s cheaper clients.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import random
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from .common import (
@@ -29,6 +33,7 @@ from .common import (
     connect_browsers,
     connect_clients,
     cpu_load,
+    get_json,
     quantile,
     run_main,
     summary,
@@ -72,8 +77,10 @@ async def burst(
 ) -> tuple[list[float], list[float], str]:
     """Every turn aborted at once; (emit → ack, emit → workOrderComplete) in seconds, and the
     CPU used meanwhile."""
+    upstream = await stack.peer("openai", 0.5) if args.sdk else None
+    peer = [upstream[0]] if upstream else []
     drones = [
-        stack.spawn(f"synthetic-{i}", ["-m", "bench.synthetic", url, f"burst-{i}", str(0.5)])
+        stack.spawn(f"synthetic-{i}", ["-m", "bench.synthetic", url, f"burst-{i}", "0.5", *peer])
         for i in range(args.drones)
     ]
     browsers: list[Client] = []
@@ -104,17 +111,30 @@ async def burst(
             spy, profile = py_spy(stack, server, 3, "burst")
             await asyncio.sleep(0.5)  # py-spy attached
         pids = {"server": [server.pid], "drones": [d.pid for d in drones], "bench": [os.getpid()]}
+        pids |= {"peer": [upstream[1].pid]} if upstream else {}
         with cpu_load(pids) as cpu:
             await asyncio.gather(*(abort_one(t) for t in turns))
         if args.profile and relay:
             await asyncio.to_thread(spy.popen.wait, 30)
             print(top_frames(profile, 25))
         shares = ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
-        return acks, completes, f"{quiet}; {shares}; waited for a core: {cpu.waits()}"
+        closed = f"; {await closed_upstream(upstream[0], len(turns))}" if upstream else ""
+        return acks, completes, f"{quiet}; {shares}; waited for a core: {cpu.waits()}{closed}"
     finally:
         for browser in browsers:
             await browser.close()
         stack.stop(drones)
+
+
+async def closed_upstream(peer: str, count: int) -> str:
+    """How many of the peer's ``count`` streams it saw closed before their end."""
+    deadline = time.monotonic() + 15
+    while True:
+        rows = await asyncio.to_thread(get_json, peer + "/bench/requests")
+        closed = sum(1 for row in rows if row["disconnectedAt"] is not None)
+        if closed >= count or time.monotonic() > deadline:
+            return f"upstream streams closed: {closed} of {count}"
+        await asyncio.sleep(0.1)
 
 
 async def burst_main(args: argparse.Namespace) -> None:
@@ -142,7 +162,8 @@ async def burst_main(args: argparse.Namespace) -> None:
                     for q in (0.5, 0.99, 1.0)
                 )
                 rows.append([name, step, len(values[0]), f"{p50:.1f}", f"{p99:.1f}", f"{top:.1f}"])
-    print(f"a burst of {args.streams} aborts, {args.drones} synthetic drones; {args.runs} runs")
+    kind = "synthetic drones streaming through the openai SDK" if args.sdk else "synthetic drones"
+    print(f"a burst of {args.streams} aborts, {args.drones} {kind}; {args.runs} runs")
     print(table(["server", "emit → step", "n per run", "p50 ms", "p99 ms", "max ms"], rows))
     print("\n".join(notes))
 
@@ -182,6 +203,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--light", action="store_true", help="--burst: the browsers of bench.light (cheaper)"
+    )
+    parser.add_argument(
+        "--sdk",
+        action="store_true",
+        help="--burst: the synthetic drones stream from an upstream peer through the openai "
+        "SDK (2 chunks/s) and close that stream on an abort before the turn ends",
     )
     run_main(main_async(parser.parse_args()))
 
