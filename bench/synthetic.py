@@ -95,7 +95,7 @@ class SyntheticDrone:
         return True, "Abort signaled"
 
     async def _end_aborted(self, turn_id: str, stream: asyncio.Task[None] | None) -> None:
-        if stream is not None:
+        if stream is not None and self.model is not None:
             await asyncio.wait([stream])  # its model stream closed
         await self.complete(turn_id, "aborted")
 
