@@ -214,17 +214,47 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-class Browser:
-    """A socket.io client on ``/ide``: submits work orders, aborts them, stamps what arrives."""
+class TurnsSeen:
+    """What a benchmark's browser records of its turns: progress events counted, the first
+    one and the completion stamped (``Browser``, and ``bench.light``'s cheaper client)."""
 
-    def __init__(self, url: str, token: str | None = None) -> None:
-        self.url = url
-        self.token = token
-        self.sio = socketio.AsyncClient(reconnection=False)
+    def __init__(self) -> None:
         self.progress: dict[str, int] = {}
         self.first_progress: dict[str, asyncio.Event] = {}
         self.completed: dict[str, tuple[float, bool, str]] = {}
         self.done: dict[str, asyncio.Event] = {}
+
+    def _watch(self, turn_id: str) -> None:
+        self.first_progress.setdefault(turn_id, asyncio.Event())
+        self.done.setdefault(turn_id, asyncio.Event())
+
+    def _progressed(self, turn_id: str) -> None:
+        self.progress[turn_id] = self.progress.get(turn_id, 0) + 1
+        self._watch(turn_id)
+        self.first_progress[turn_id].set()
+
+    def _ended(self, turn_id: str, success: bool, message: str) -> None:
+        self.completed.setdefault(turn_id, (time.monotonic(), success, message))
+        self._watch(turn_id)
+        self.done[turn_id].set()
+
+    def _submitted(self, ack: dict[str, Any]) -> str:
+        """The turn a submit's answer made (watched from now on); refused raises."""
+        if not ack.get("ok"):
+            raise RuntimeError(f"submit refused: {ack}")
+        turn_id: str = ack["turnId"]
+        self._watch(turn_id)
+        return turn_id
+
+
+class Browser(TurnsSeen):
+    """A socket.io client on ``/ide``: submits work orders, aborts them, stamps what arrives."""
+
+    def __init__(self, url: str, token: str | None = None) -> None:
+        super().__init__()
+        self.url = url
+        self.token = token
+        self.sio = socketio.AsyncClient(reconnection=False)
         self.sio.on("workOrderProgress", self._on_progress, namespace=IDE)
         self.sio.on("workOrderComplete", self._on_complete, namespace=IDE)
 
@@ -237,28 +267,15 @@ class Browser:
         with contextlib.suppress(Exception):
             await self.sio.disconnect()
 
-    def _watch(self, turn_id: str) -> None:
-        self.first_progress.setdefault(turn_id, asyncio.Event())
-        self.done.setdefault(turn_id, asyncio.Event())
-
     async def _on_progress(self, data: dict[str, Any]) -> None:
-        turn_id = data["turnId"]
-        self.progress[turn_id] = self.progress.get(turn_id, 0) + 1
-        self._watch(turn_id)
-        self.first_progress[turn_id].set()
+        self._progressed(data["turnId"])
 
     async def _on_complete(self, turn_id: str, success: bool, message: str) -> None:
-        self.completed.setdefault(turn_id, (time.monotonic(), success, message))
-        self._watch(turn_id)
-        self.done[turn_id].set()
+        self._ended(turn_id, success, message)
 
     async def submit(self, prompt: str) -> str:
         ack = await self.sio.call("submitWorkOrder", {"prompt": prompt}, namespace=IDE, timeout=60)
-        if not ack.get("ok"):
-            raise RuntimeError(f"submit refused: {ack}")
-        turn_id: str = ack["turnId"]
-        self._watch(turn_id)
-        return turn_id
+        return self._submitted(ack)
 
     async def abort(self, turn_id: str) -> tuple[float, float, bool, str]:
         """Emit ``abortWorkOrder``; returns (emitted at, acked at, success, message)."""

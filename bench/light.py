@@ -19,19 +19,16 @@ from typing import Any
 
 import aiohttp
 
-from .common import IDE
+from .common import IDE, TurnsSeen
 
 
-class LightBrowser:
+class LightBrowser(TurnsSeen):
     """The ``Browser`` interface of ``bench.common`` the burst benchmarks use."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
+        super().__init__()
         self.url = url
         self.token = token
-        self.progress: dict[str, int] = {}
-        self.first_progress: dict[str, asyncio.Event] = {}
-        self.completed: dict[str, tuple[float, bool, str]] = {}
-        self.done: dict[str, asyncio.Event] = {}
         self._acks: dict[int, Callable[[list[Any]], None]] = {}
         self._next_id = 0
         self._session: aiohttp.ClientSession | None = None
@@ -73,10 +70,6 @@ class LightBrowser:
         if self._session is not None:
             await self._session.close()
 
-    def _watch(self, turn_id: str) -> None:
-        self.first_progress.setdefault(turn_id, asyncio.Event())
-        self.done.setdefault(turn_id, asyncio.Event())
-
     async def emit(self, event: str, data: Any, on_ack: Callable[[list[Any]], None]) -> None:
         """Send ``event`` with an ack id; ``on_ack`` gets the answer's arguments."""
         assert self._ws is not None
@@ -89,11 +82,7 @@ class LightBrowser:
         answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         await self.emit("submitWorkOrder", {"prompt": prompt}, answer.set_result)
         (ack,) = await asyncio.wait_for(answer, 60)
-        if not ack.get("ok"):
-            raise RuntimeError(f"submit refused: {ack}")
-        turn_id: str = ack["turnId"]
-        self._watch(turn_id)
-        return turn_id
+        return self._submitted(ack)
 
     async def abort(self, turn_id: str) -> tuple[float, float, bool, str]:
         """Emit ``abortWorkOrder``; returns (emitted at, acked at, success, message)."""
@@ -129,12 +118,6 @@ class LightBrowser:
 
     def _event(self, name: str, *args: Any) -> None:
         if name == "workOrderProgress":
-            turn_id = args[0]["turnId"]
-            self.progress[turn_id] = self.progress.get(turn_id, 0) + 1
-            self._watch(turn_id)
-            self.first_progress[turn_id].set()
+            self._progressed(args[0]["turnId"])
         elif name == "workOrderComplete":
-            turn_id, success, message = args[0], args[1], args[2]
-            self.completed.setdefault(turn_id, (time.monotonic(), success, message))
-            self._watch(turn_id)
-            self.done[turn_id].set()
+            self._ended(args[0], args[1], args[2])

@@ -69,10 +69,7 @@ class TimedBrowser(Browser):
         payload = {"prompt": prompt, **({"sessionId": session_id} if session_id else {})}
         sent = time.monotonic()
         ack = await self.sio.call("submitWorkOrder", payload, namespace=IDE, timeout=60)
-        if not ack.get("ok"):
-            raise RuntimeError(f"submit refused: {ack}")
-        self._watch(ack["turnId"])
-        return sent, str(ack["turnId"])
+        return sent, self._submitted(ack)
 
 
 async def person(url: str, name: str) -> tuple[str, str]:
