@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import socketio
 
@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TOKEN = "bench-drone-token-0123456789"
 IDE = "/ide"
+C = TypeVar("C")
+"""A connection of any kind ``connect_each`` makes."""
 
 
 @dataclass
@@ -304,13 +306,20 @@ class Client(Protocol):
     async def close(self) -> None: ...
 
 
-async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browser]:
-    browsers: list[Browser] = []
+async def connect_each(
+    url: str, count: int, connect: Callable[[str | None], Awaitable[C]], batch: int = 25
+) -> list[C]:
+    """``count`` connections, a person each (``connect`` takes the person's token), ``batch``
+    at a time."""
+    made: list[C] = []
     tokens = await people(url, count)
     for start in range(0, count, batch):
-        chosen = tokens[start : start + batch]
-        browsers += await asyncio.gather(*(Browser(url, token).connect() for token in chosen))
-    return browsers
+        made += await asyncio.gather(*(connect(token) for token in tokens[start : start + batch]))
+    return made
+
+
+async def connect_browsers(url: str, count: int, batch: int = 25) -> list[Browser]:
+    return await connect_each(url, count, lambda token: Browser(url, token).connect(), batch)
 
 
 async def connect_clients(url: str, count: int, light: bool) -> list[Client]:
@@ -320,12 +329,7 @@ async def connect_clients(url: str, count: int, light: bool) -> list[Client]:
         return list(await connect_browsers(url, count))
     from .light import LightBrowser
 
-    clients: list[Client] = []
-    tokens = await people(url, count)
-    for start in range(0, count, 25):
-        chosen = tokens[start : start + 25]
-        clients += await asyncio.gather(*(LightBrowser(url, token).connect() for token in chosen))
-    return clients
+    return list(await connect_each(url, count, lambda token: LightBrowser(url, token).connect()))
 
 
 def quantile(values: Sequence[float], q: float) -> float:
