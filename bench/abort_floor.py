@@ -22,8 +22,8 @@ import os
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 from .common import (
     Browser,
@@ -33,7 +33,7 @@ from .common import (
     connect_browsers,
     connect_clients,
     cpu_load,
-    get_json,
+    peer_requests,
     quantile,
     run_main,
     summary,
@@ -128,13 +128,12 @@ async def burst(
 
 async def closed_upstream(peer: str, count: int) -> str:
     """How many of the peer's ``count`` streams it saw closed before their end."""
-    deadline = time.monotonic() + 15
-    while True:
-        rows = await asyncio.to_thread(get_json, peer + "/bench/requests")
-        closed = sum(1 for row in rows if row["disconnectedAt"] is not None)
-        if closed >= count or time.monotonic() > deadline:
-            return f"upstream streams closed: {closed} of {count}"
-        await asyncio.sleep(0.1)
+
+    def closed(rows: list[dict[str, Any]]) -> int:
+        return sum(1 for row in rows if row["disconnectedAt"] is not None)
+
+    rows = await peer_requests(peer, lambda rows: closed(rows) >= count)
+    return f"upstream streams closed: {closed(rows)} of {count}"
 
 
 async def burst_main(args: argparse.Namespace) -> None:

@@ -159,6 +159,19 @@ def get_json(url: str, method: str = "GET") -> Any:
         return json.load(response)
 
 
+async def peer_requests(
+    peer: str, enough: Callable[[list[dict[str, Any]]], bool], within: float = 15
+) -> list[dict[str, Any]]:
+    """What the upstream peer saw (``GET /bench/requests``), read again every 0.1 s until
+    ``enough`` holds of it or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while True:
+        rows: list[dict[str, Any]] = await asyncio.to_thread(get_json, peer + "/bench/requests")
+        if enough(rows) or time.monotonic() > deadline:
+            return rows
+        await asyncio.sleep(0.1)
+
+
 RELAY_DATABASES: dict[str, str] = {}
 """The database of each relay a ``Stack`` started, by URL: where its people are made."""
 

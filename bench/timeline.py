@@ -4,12 +4,11 @@ upstream peer (``bench.peer``)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from .common import Proc, get_json, log_times, summary
+from .common import Proc, log_times, peer_requests, summary
 
 # Steps of an abort, in order, each measured from the browser's emit.
 STEPS = [
@@ -66,14 +65,12 @@ class Run:
 async def collect(run: Run, peer: str, relay: Proc, drones: list[Proc]) -> None:
     """The peer's disconnect stamps and the relay's and drones' log stamps of ``run``'s turns."""
     wanted = {prompt: turn for turn, prompt in run.prompts.items()}
-    deadline = time.monotonic() + 15
-    while True:
-        rows = await asyncio.to_thread(get_json, peer + "/bench/requests")
-        mine = [r for r in rows if r["prompt"] in wanted]
-        if all(r["ended"] is not None for r in mine) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    for row in mine:
+
+    def mine(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if r["prompt"] in wanted]
+
+    rows = await peer_requests(peer, lambda rows: all(r["ended"] is not None for r in mine(rows)))
+    for row in mine(rows):
         if row["disconnectedAt"] is not None:
             run.stamp("upstream closed", wanted[row["prompt"]], row["disconnectedAt"])
         else:
