@@ -22,6 +22,7 @@ from hangar.shared.abort import (
     AbortSignal,
     AbortTimeoutError,
     linked_controller,
+    release,
 )
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -215,28 +216,16 @@ class AgentService:
         )
         messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
         reason: EndReason
+        failure: Exception | None = None
         try:
             answer = await agent.run(messages, controller.signal)
             # An abort acknowledged as the last chunk arrived still ends the turn aborted:
             # the person was told "Abort signaled".
             controller.signal.throw_if_aborted()
             success, message, reason = True, _summary(answer), "finished"
-        except AbortTimeoutError as error:
-            log.info("deadline turn=%s: %s", order.turn_id, error)
-            success, message, reason = False, str(error), "deadline"
-        except AbortError as error:
-            if error.cause == "stall" and not controller.signal.aborted:
-                log.warning("model stream stalled turn=%s: closed", order.turn_id)
-                success, message, reason = False, STALLED, "stalled"
-            else:
-                log.info("aborted turn=%s by=%s", order.turn_id, error.cause)
-                success, message, reason = True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
-        except ProviderError as error:
-            log.warning("provider failed turn=%s: %s", order.turn_id, error)
-            success, message, reason = False, str(error), "model_failed"
         except Exception as error:
-            log.exception("work order failed turn=%s", order.turn_id)
-            success, message, reason = False, f"The drone failed: {error}", "drone_failed"
+            success, message, reason = _outcome(error, order.turn_id, controller.signal)
+            failure = error
         finally:
             if running.deadline is not None:
                 running.deadline.cancel()
@@ -244,7 +233,12 @@ class AgentService:
             self.running.pop(order.turn_id, None)
             remember(self.ended, order.turn_id)
         ending = Ending(reason=reason, usage=running.tally.usage)
-        await self.outlet.complete(order.turn_id, success, message, ending)
+        try:
+            await self.outlet.complete(order.turn_id, success, message, ending)
+        finally:
+            # Freed once reported, not before: the completion does not wait for it.
+            release(failure)
+            release(controller.signal.reason)
 
     async def drain(self) -> None:
         """Wait for every running work order to end (after the root was aborted, say)."""
@@ -261,6 +255,24 @@ def remember(recent: OrderedDict[str, None], turn_id: str) -> None:
     recent[turn_id] = None
     while len(recent) > REMEMBERED:
         recent.popitem(last=False)
+
+
+def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool, str, EndReason]:
+    """How a work order that raised ``error`` ends: (success, message, reason)."""
+    if isinstance(error, AbortTimeoutError):
+        log.info("deadline turn=%s: %s", turn_id, error)
+        return False, str(error), "deadline"
+    if isinstance(error, AbortError):
+        if error.cause == "stall" and not signal.aborted:
+            log.warning("model stream stalled turn=%s: closed", turn_id)
+            return False, STALLED, "stalled"
+        log.info("aborted turn=%s by=%s", turn_id, error.cause)
+        return True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
+    if isinstance(error, ProviderError):
+        log.warning("provider failed turn=%s: %s", turn_id, error)
+        return False, str(error), "model_failed"
+    log.error("work order failed turn=%s", turn_id, exc_info=error)
+    return False, f"The drone failed: {error}", "drone_failed"
 
 
 def _summary(answer: str) -> str:

@@ -5,7 +5,9 @@ recorder that can fire the abort at a precise point (as an abort arriving then w
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker_process import settings_wire
 from hangar.shared.abort import AbortController
 from hangar.shared.protocol import (
+    ABORTED,
     RAN_ALREADY,
     STALLED,
     TOOL_CANCELLED,
@@ -305,6 +308,60 @@ async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind
     assert service.running == {}
     assert root.signal.subscribers == 0
     assert hangar_timers(loop) == []
+
+
+ENDINGS = {
+    "aborted": ([Reply(chunks=["tok "] * 100, delay=0.05)], (True, ABORTED)),
+    "stalled": ([Reply(chunks=["never"], stall_before=60)], (False, STALLED)),
+    "finished": ([Reply(chunks=["All ", "done."])], (True, "All done.")),
+    "failed": ([Reply(status=400, error_message="No such model.")], (False, None)),
+    "after tools and a sub-agent": (
+        [
+            TWO_CALLS,
+            Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "look"})]),
+            Reply(chunks=["sub done"]),
+            Reply(chunks=["ok"]),
+        ],
+        (True, "ok"),
+    ),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+async def test_a_turn_is_freed_as_it_ends_not_left_to_the_cyclic_collector(
+    openai_peer: OpenAIPeer, tmp_path: Path, ending: str
+) -> None:
+    """Whatever ends a turn, what it set up (its agent, model stream, request and controllers)
+    is freed with it. Kept in reference cycles (an abort reason holds the frames it was raised
+    through, and they hold its signal), a burst of aborted turns set off a full walk of the
+    cyclic collector in every worker at once, while other turns' aborts waited for the cores
+    (docs/performance.md, "A burst of 200 aborts at once")."""
+    replies, expected = ENDINGS[ending]
+    recorder = Recorder()
+    provider = OpenAIProvider("gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1")
+    service = AgentService(
+        provider, recorder, root=AbortController().signal, tools=tools_in(tmp_path), stall=0.5
+    )
+    openai_peer.script(*replies)
+    gc.collect()
+    gc.disable()
+    try:
+        assert service.accept(order("t_1", "Go")) == {"ok": True}
+        running = service.running["t_1"]
+        task, freed = running.task, weakref.ref(running)
+        del running
+        assert task is not None
+        if ending == "aborted":
+            await eventually(lambda: openai_peer.chunks_sent >= 2, what="the answer streaming")
+            assert service.abort("t_1") == (True, "Abort signaled")
+        await asyncio.wait_for(task, 5)
+        _, success, message = recorder.completions[-1]
+        assert success is expected[0]
+        assert message == expected[1] or expected[1] is None
+        assert freed() is None, "the ended turn is still held, in reference cycles"
+    finally:
+        gc.enable()
+        await provider.close()
 
 
 def hangar_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
