@@ -214,6 +214,8 @@ def release(error: BaseException | None) -> None:
         seen.add(id(current))
         current.__traceback__ = None
         pending += (current.__cause__, current.__context__)
+        if isinstance(current, BaseExceptionGroup):
+            pending += current.exceptions
 
 
 def linked_controller(parent: AbortSignal) -> AbortController:

@@ -311,10 +311,17 @@ async def test_a_thousand_finished_work_orders_leave_no_timer_or_callback_behind
 
 
 ENDINGS = {
-    "aborted": ([Reply(chunks=["tok "] * 100, delay=0.05)], (True, ABORTED)),
-    "stalled": ([Reply(chunks=["never"], stall_before=60)], (False, STALLED)),
-    "finished": ([Reply(chunks=["All ", "done."])], (True, "All done.")),
-    "failed": ([Reply(status=400, error_message="No such model.")], (False, None)),
+    "aborted": ([Reply(chunks=["tok "] * 100, delay=0.05)], (True, ABORTED, "aborted")),
+    "stalled": ([Reply(chunks=["never"], stall_before=60)], (False, STALLED, "stalled")),
+    "past its deadline": (
+        [Reply(chunks=["tok "] * 100, delay=0.1)],
+        (False, "Timed out after 1 s", "deadline"),
+    ),
+    "finished": ([Reply(chunks=["All ", "done."])], (True, "All done.", "finished")),
+    "failed": (
+        [Reply(status=400, error_message="No such model.")],
+        (False, "The model service answered 400: No such model.", "model_failed"),
+    ),
     "after tools and a sub-agent": (
         [
             TWO_CALLS,
@@ -322,7 +329,7 @@ ENDINGS = {
             Reply(chunks=["sub done"]),
             Reply(chunks=["ok"]),
         ],
-        (True, "ok"),
+        (True, "ok", "finished"),
     ),
 }
 
@@ -340,7 +347,12 @@ async def test_a_turn_is_freed_as_it_ends_not_left_to_the_cyclic_collector(
     recorder = Recorder()
     provider = OpenAIProvider("gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1")
     service = AgentService(
-        provider, recorder, root=AbortController().signal, tools=tools_in(tmp_path), stall=0.5
+        provider,
+        recorder,
+        root=AbortController().signal,
+        tools=tools_in(tmp_path),
+        stall=0.5,
+        deadline=1,
     )
     openai_peer.script(*replies)
     gc.collect()
@@ -355,9 +367,7 @@ async def test_a_turn_is_freed_as_it_ends_not_left_to_the_cyclic_collector(
             await eventually(lambda: openai_peer.chunks_sent >= 2, what="the answer streaming")
             assert service.abort("t_1") == (True, "Abort signaled")
         await asyncio.wait_for(task, 5)
-        _, success, message = recorder.completions[-1]
-        assert success is expected[0]
-        assert message == expected[1] or expected[1] is None
+        assert (*recorder.completions[-1][1:], recorder.endings[-1].reason) == expected
         assert freed() is None, "the ended turn is still held, in reference cycles"
     finally:
         gc.enable()
