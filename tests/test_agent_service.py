@@ -10,6 +10,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,10 +78,14 @@ class Recorder:
         self.completed.set()
 
 
-def service_for(peer: OpenAIPeer, recorder: Recorder, workdir: Path) -> AgentService:
+def service_for(
+    peer: OpenAIPeer, recorder: Recorder, workdir: Path, **settings: Any
+) -> AgentService:
     (workdir / "a.txt").write_text("contents of a")
     provider = OpenAIProvider("gpt-test", api_key="k", base_url=peer.base_url + "/v1")
-    return AgentService(provider, recorder, root=AbortController().signal, tools=tools_in(workdir))
+    return AgentService(
+        provider, recorder, root=AbortController().signal, tools=tools_in(workdir), **settings
+    )
 
 
 def tools_in(workdir: Path) -> ToolSettings:
@@ -345,15 +350,7 @@ async def test_a_turn_is_freed_as_it_ends_not_left_to_the_cyclic_collector(
     (docs/performance.md, "A burst of 200 aborts at once")."""
     replies, expected = ENDINGS[ending]
     recorder = Recorder()
-    provider = OpenAIProvider("gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1")
-    service = AgentService(
-        provider,
-        recorder,
-        root=AbortController().signal,
-        tools=tools_in(tmp_path),
-        stall=0.5,
-        deadline=1,
-    )
+    service = service_for(openai_peer, recorder, tmp_path, stall=0.5, deadline=1)
     openai_peer.script(*replies)
     gc.collect()
     gc.disable()
@@ -371,7 +368,7 @@ async def test_a_turn_is_freed_as_it_ends_not_left_to_the_cyclic_collector(
         assert freed() is None, "the ended turn is still held, in reference cycles"
     finally:
         gc.enable()
-        await provider.close()
+        await service.close()
 
 
 def hangar_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
