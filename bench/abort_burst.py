@@ -101,7 +101,9 @@ async def one_run(args: argparse.Namespace, workdir: Path, profile: bool) -> tup
             os.kill(pid, signal.SIGUSR2)
         note = f"{quiet}; load {os.getloadavg()[0]:.2f}; CPU while aborting: "
         note += ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
-        run.note = f"{note}; waited for a core: {cpu.waits()}"
+        run.note = f"{note}; waited for a core: {cpu.waits()}; "
+        run.note += f"CPU per aborted turn: {cpu.per_item(len(turns))}"
+        run.cpu_per_turn = cpu.total() * 1000 / len(turns)
         await collect(run, peer, relay_proc, drones)
         for spy, _ in spies:
             await asyncio.to_thread(spy.popen.wait, 30)
@@ -143,6 +145,11 @@ async def main_async(args: argparse.Namespace) -> None:
     print(table(["emit → step", "n per run", "p50 ms", "p99 ms", "max ms", "p99 target"], rows))
     print("\nthe burst as a whole: when each step was reached, ms after the first emit")
     print(table(["step", "first", "10%", "50%", "90%", "last"], _pipeline(runs)))
+    spent = [run.cpu_per_turn for run in runs if run.cpu_per_turn is not None]
+    if spent:
+        each = ", ".join(f"{v:.2f}" for v in spent)
+        median = statistics.median(spent)
+        print(f"\nCPU per aborted turn, every process: {median:.2f} ms (runs: {each})")
     for i, run in enumerate(runs):
         print(f"- run {i + 1}: {run.note}")
         for failure in run.failures[:5]:

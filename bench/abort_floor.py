@@ -119,7 +119,12 @@ async def burst(
             print(top_frames(profile, 25))
         shares = ", ".join(f"{k} {v:.0%}" for k, v in cpu.items())
         closed = f"; {await closed_upstream(upstream[0], len(turns))}" if upstream else ""
-        return acks, completes, f"{quiet}; {shares}; waited for a core: {cpu.waits()}{closed}"
+        spent = f"CPU per aborted turn: {cpu.per_item(len(turns))}"
+        return (
+            acks,
+            completes,
+            f"{quiet}; {shares}; waited for a core: {cpu.waits()}; {spent}{closed}",
+        )
     finally:
         for browser in browsers:
             await browser.close()

@@ -43,6 +43,7 @@ class Run:
     stamps: dict[str, dict[str, float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     note: str = ""
+    cpu_per_turn: float | None = None  # ms of CPU, every process, per aborted turn
 
     def stamp(self, step: str, turn_id: str, at: float) -> None:
         self.stamps.setdefault(step, {})[turn_id] = at
