@@ -164,6 +164,8 @@ class Agent:
                 ChatMessage(role="assistant", content="".join(text), tool_calls=calls or None)
             )
             if not calls:
+                if self.depth == 0:  # asked to stop: the answer is kept, the turn ends aborted
+                    self._stop_if_asked()
                 return "".join(text)
             if self._asked_to_stop():
                 await self._cancel(calls, keep)

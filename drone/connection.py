@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import socketio
 from pydantic import ValidationError
 
+from hangar.shared.abort import AbortCause
 from hangar.shared.packets import TextPacket
 from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
@@ -67,7 +68,7 @@ class WorkOrders(Protocol):
         ...
 
     def abort(
-        self, turn_id: str, mode: Literal["now", "after_step"] = "now"
+        self, turn_id: str, mode: Literal["now", "after_step"] = "now", cause: AbortCause = "person"
     ) -> tuple[bool, str]: ...
 
     def running_ids(self) -> list[str]: ...

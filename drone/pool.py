@@ -20,10 +20,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from hangar.shared.abort import AbortSignal
+from hangar.shared.abort import AbortCause, AbortSignal
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    DRONE_BUSY,
+    DRONE_STOPPING,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
     RAN_ALREADY,
@@ -143,9 +145,9 @@ class WorkerPool:
         if order.resent and turn_id in self.ended:  # its answer was lost: it has run here
             return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted or self._closing:
-            return {"ok": False, "error": "The drone is stopping."}
+            return {"ok": False, "error": DRONE_STOPPING}
         if sum(not a.aborted for a in self.running.values()) >= self.concurrency:
-            return {"ok": False, "error": "The drone is busy."}
+            return {"ok": False, "error": DRONE_BUSY}
         worker, part = self._place(order, sent)
         early = turn_id in self.aborted_early
         if early:
@@ -163,7 +165,9 @@ class WorkerPool:
         worker.send(frame_bytes(b'["order",' + data + (b",true]" if early else b",false]")))
         return {"ok": True}
 
-    def abort(self, turn_id: str, mode: Literal["now", "after_step"] = "now") -> tuple[bool, str]:
+    def abort(
+        self, turn_id: str, mode: Literal["now", "after_step"] = "now", cause: AbortCause = "person"
+    ) -> tuple[bool, str]:
         """Answered here, at once; the worker closes the model's stream from its own thread."""
         assigned = self.running.get(turn_id)
         if assigned is None:
@@ -171,7 +175,7 @@ class WorkerPool:
                 return False, NO_ACTIVE_WORK_ORDER
             remember(self.aborted_early, turn_id)  # its work order is still on its way
             return True, ABORT_SIGNALED
-        assigned.worker.send(frame(["abort", turn_id, mode]))
+        assigned.worker.send(frame(["abort", turn_id, mode, cause]))
         if mode == "after_step":
             return True, STOP_AFTER_STEP
         assigned.aborted = True

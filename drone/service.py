@@ -27,6 +27,9 @@ from hangar.shared.abort import (
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    CUT_OFF,
+    DRONE_BUSY,
+    DRONE_STOPPING,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
     RAN_ALREADY,
@@ -130,10 +133,10 @@ class AgentService:
         if order.resent and order.turn_id in self.ended:  # its answer was lost: it ran here
             return {"ok": False, "error": RAN_ALREADY}
         if self.root.aborted:
-            return {"ok": False, "error": "The drone is stopping."}
+            return {"ok": False, "error": DRONE_STOPPING}
         # An aborted work order only unwinds: its slot is free the moment the abort lands.
         if sum(not r.controller.signal.aborted for r in self.running.values()) >= self.concurrency:
-            return {"ok": False, "error": "The drone is busy."}
+            return {"ok": False, "error": DRONE_BUSY}
         timeout = self.tools.approval_timeout if self.tools else APPROVAL_TIMEOUT
         approvals = Approvals(self.policy, timeout, set(order.approved_tools))
         running = RunningOrder(order, linked_controller(self.root), approvals)
@@ -148,7 +151,9 @@ class AgentService:
         running.task = asyncio.ensure_future(self.process(running))
         return {"ok": True}
 
-    def abort(self, turn_id: str, mode: Literal["now", "after_step"] = "now") -> tuple[bool, str]:
+    def abort(
+        self, turn_id: str, mode: Literal["now", "after_step"] = "now", cause: AbortCause = "person"
+    ) -> tuple[bool, str]:
         """Fire the work order's signal and answer at once; the turn ends on its own. (The
         connection logs the answer: in a worker process this is not where the drone answers.)"""
         running = self.running.get(turn_id)
@@ -160,7 +165,7 @@ class AgentService:
         if mode == "after_step":
             running.gentle.abort(AbortError(cause="person"))
             return True, STOP_AFTER_STEP
-        running.controller.abort(AbortError(cause="person"))
+        running.controller.abort(AbortError(cause=cause))
         return True, ABORT_SIGNALED
 
     def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
@@ -266,6 +271,9 @@ def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool,
         if error.cause == "stall" and not signal.aborted:
             log.warning("model stream stalled turn=%s: closed", turn_id)
             return False, STALLED, "stalled"
+        if error.cause == "cut_off":
+            log.warning("out of touch with every relay turn=%s: stopped", turn_id)
+            return False, CUT_OFF, "drone_lost"
         log.info("aborted turn=%s by=%s", turn_id, error.cause)
         return True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
     if isinstance(error, ProviderError):

@@ -154,7 +154,7 @@ async def run_drone(config: DroneConfig, root: AbortController, live_status: boo
                     "" if len(running) == 1 else "s",
                 )
             for turn_id in running:
-                work.abort(turn_id)
+                work.abort(turn_id, cause="cut_off")
             await connection.connected.wait()
 
     refused = asyncio.ensure_future(abort_when_refused())

@@ -125,7 +125,7 @@ class Worker:
             if kind == "order":
                 self._accept(message[1], bool(message[2]))
             elif kind == "abort":
-                self.service.abort(message[1], message[2])
+                self.service.abort(message[1], message[2], message[3])
             elif kind == "decide":
                 self.service.decide(message[1], message[2], bool(message[3]), bool(message[4]))
             elif kind == "stop":
@@ -172,7 +172,7 @@ def listen(
             message = ["gone"]
         kind = message[0]
         if kind == "abort" and message[2] == "now":
-            upstreams.shut_down(AbortError(cause="person"), message[1])
+            upstreams.shut_down(AbortError(cause=message[3]), message[1])
         elif kind == "stop":
             upstreams.shut_down(AbortError(message[1], cause=message[2]))
         elif kind == "gone":

@@ -19,6 +19,9 @@ from typing import Any, Protocol
 import socketio
 
 from hangar.shared.protocol import (
+    ABORTED,
+    DRONE_BUSY,
+    DRONE_STOPPING,
     HISTORY_MISS,
     RAN_ALREADY,
     TURN_QUEUED,
@@ -41,12 +44,12 @@ from .store import Ending, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
-BUSY = "The drone is busy."
 LEFT = "The drone left before it accepted the work order."
 """A drone whose connection closed while its order was on the way never ran it: back in line
 (should it have taken it after all, it is told to abort it when it reconnects)."""
 REFUSALS_BEFORE_ERROR = 3
-"""A turn drones refused as busy this many times ends in error instead of waiting again."""
+"""A turn drones refused as busy, or left, this many times ends in error instead of waiting
+again (a drone that is stopping does not count: it is going, the others may take it)."""
 COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
@@ -61,6 +64,10 @@ ANNOUNCE_RATE = 2000.0
 
 class Endings(Protocol):
     async def end_turn(self, turn_id: str, ending: Ending) -> bool: ...
+
+    @property
+    def abort_asked_by(self) -> dict[str, str]:
+        """Who asked, through this relay, to abort turns still processing."""
 
     def started(self, turn: TurnRecord) -> None:
         """Its drone accepted the turn's work order."""
@@ -137,10 +144,11 @@ class Dispatcher:
             await self._requeue_soon(turn.turn_id)
 
     async def _requeue_soon(self, turn_id: str, attempt: int = 0) -> None:
-        """Put a claimed turn back in line, trying again until the store answers (a turn is
-        never left processing on a drone that does not have it)."""
+        """Put a claimed turn back in line (or end it aborted, if its abort was asked), trying
+        again until the store answers (a turn is never left processing on a drone that does
+        not have it)."""
         try:
-            await queue.requeue(self.store, turn_id)
+            await self._aborted_instead(turn_id)
         except Exception:
             if attempt < REQUEUE_ATTEMPTS:
                 self.background.later(COOLING, partial(self._requeue_soon, turn_id, attempt + 1))
@@ -177,7 +185,7 @@ class Dispatcher:
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
             log.info("work order turn=%s ran on its first sending", turn.turn_id)
             return
-        if reason in (BUSY, LEFT):
+        if reason in (DRONE_BUSY, LEFT, DRONE_STOPPING):
             await self._back_in_line(turn, reason)
             return
         refusal = reason or "The drone refused the work order."
@@ -212,21 +220,44 @@ class Dispatcher:
         return {"ok": False, "error": "The drone did not accept the work order in time."}
 
     async def _back_in_line(self, turn: TurnRecord, why: str) -> None:
+        """Put a turn its drone did not take back in line; but a turn whose abort was asked
+        ends aborted (its person was told "Abort signaled"), and one refused too often ends in
+        error."""
         assert self.endings is not None and turn.drone_id is not None
         self._cooling[turn.drone_id] = time.monotonic() + COOLING
-        self._refusals[turn.turn_id] += 1
+        self._refusals[turn.turn_id] += why != DRONE_STOPPING
         if self._refusals[turn.turn_id] >= REFUSALS_BEFORE_ERROR:
             del self._refusals[turn.turn_id]
-            await self.endings.end_turn(turn.turn_id, Ending("error", why, "drone_failed"))
+            if not await self._aborted_instead(turn.turn_id, back=False):
+                await self.endings.end_turn(turn.turn_id, Ending("error", why, "drone_failed"))
             return
-        if await queue.requeue(self.store, turn.turn_id):
-            log.info(
-                "work order back in line turn=%s drone=%s: %s", turn.turn_id, turn.drone_id, why
-            )
-            view = turn.view()
-            view.status, view.drone_id, view.wanted_drone_id = "queued", None, turn.wanted_drone
-            await self.rooms.to_session(turn.session_id, TURN_STARTED, view.wire())
+        if await self._aborted_instead(turn.turn_id):
+            del self._refusals[turn.turn_id]
+            return
+        log.info("work order back in line turn=%s drone=%s: %s", turn.turn_id, turn.drone_id, why)
+        view = turn.view()
+        view.status, view.drone_id, view.wanted_drone_id = "queued", None, turn.wanted_drone
+        await self.rooms.to_session(turn.session_id, TURN_STARTED, view.wire())
         self.background.later(COOLING, self.dispatch)
+
+    async def _aborted_instead(self, turn_id: str, back: bool = True) -> bool:
+        """End aborted a claimed turn whose abort was asked (here, or through another relay, as
+        the store says), or put it back in line (if ``back``). True if it is not to be started
+        again: it ended aborted here, or had ended meanwhile."""
+        assert self.endings is not None
+        asked = self.endings.abort_asked_by.get(turn_id)
+        if asked is None:
+            if back and await queue.requeue(self.store, turn_id):  # not if an abort was asked
+                return False
+            stored = await self.store.get_turn(turn_id, messages=False)
+            if stored is None or stored.status != "processing":
+                return True
+            asked = stored.abort_requested_by
+            if asked is None:
+                return False
+        log.info("abort turn=%s before its drone took it: ended by the relay", turn_id)
+        await self.endings.end_turn(turn_id, Ending("aborted", ABORTED, "aborted", ended_by=asked))
+        return True
 
     # ---- where the others stand
 

@@ -136,10 +136,11 @@ async def request_abort(db: Database, turn_id: str, by: str) -> None:
 
 
 async def requeue(db: Database, turn_id: str) -> bool:
-    """Put a claimed turn back in line (its drone would not take it)."""
+    """Put a claimed turn back in line (its drone would not take it); not one whose abort was
+    asked, which is to end aborted instead."""
     changed = await db.execute(
         "UPDATE turns SET status = 'queued', drone_id = NULL, started_at = NULL"
-        " WHERE turn_id = ? AND status = 'processing'",
+        " WHERE turn_id = ? AND status = 'processing' AND abort_requested_by IS NULL",
         turn_id,
     )
     return changed == 1

@@ -24,10 +24,13 @@ from typing import Literal, Self
 
 log = logging.getLogger("hangar.abort")
 
-AbortCause = Literal["person", "operator", "shutdown", "relay", "deadline", "stall", "scope"]
+AbortCause = Literal[
+    "person", "operator", "shutdown", "relay", "cut_off", "deadline", "stall", "scope"
+]
 """Who or what aborted: a person (Cancel, Esc Esc), the drone's operator (Ctrl-C), a process
-shutting down, the relay (it ended the turn itself), a deadline, a stalled model stream, or the
-end of the work's own scope (a sub-agent that finished)."""
+shutting down, the relay (it ended the turn itself), the drone being out of touch with every
+relay (``--cut-off``), a deadline, a stalled model stream, or the end of the work's own scope
+(a sub-agent that finished)."""
 
 
 class AbortError(Exception):

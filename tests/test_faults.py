@@ -16,9 +16,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+import socketio
+from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import OwnPostgres, OwnRedis, free_port
+from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
@@ -28,9 +31,12 @@ from hangar.server.reaper import DRONE_LOST, SILENT_REJOIN
 from hangar.server.redis_state import PRESENCE_FLOOR
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore
+from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    CUT_OFF,
+    DRONE_NAMESPACE,
     NO_ACTIVE_WORK_ORDER,
     RESYNC,
     TOOL_CANCELLED,
@@ -797,3 +803,93 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         await browser.close()
     finally:
         await runner.cleanup()
+
+
+class BareRelay:
+    """A relay of the bare protocol on ``/drone``, for one real drone: it takes what the drone
+    sends and keeps its completions. Started and stopped by the test, on one port."""
+
+    def __init__(self) -> None:
+        self.sio = socketio.AsyncServer(async_mode="aiohttp")
+        self.app = web.Application()
+        self.sio.attach(self.app)
+        self.runner = web.AppRunner(self.app)
+        self.drone: str | None = None
+        self.completions: list[tuple[Any, ...]] = []
+        self.completed = asyncio.Event()
+        self.sio.on("connect", self.on_connect, namespace=DRONE_NAMESPACE)
+        self.sio.on("workOrderProgress", self.on_progress, namespace=DRONE_NAMESPACE)
+        self.sio.on("workOrderComplete", self.on_complete, namespace=DRONE_NAMESPACE)
+
+    async def start(self, port: int = 0) -> int:
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, "127.0.0.1", port)
+        await self.site.start()
+        return int(self.runner.addresses[0][1])
+
+    async def vanish(self) -> None:
+        """Take no more connections, and drop the drone's."""
+        await self.site.stop()
+        assert self.drone is not None
+        await self.sio.disconnect(self.drone, namespace=DRONE_NAMESPACE)
+
+    async def on_connect(self, sid: str, environ: Any, auth: Any) -> None:
+        self.drone = sid
+
+    async def on_progress(self, sid: str, data: Any) -> dict[str, Any]:
+        return {"ok": True}
+
+    async def on_complete(self, sid: str, *args: Any) -> dict[str, Any]:
+        self.completions.append(args)
+        self.completed.set()
+        return {"ok": True}
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in the drone", "in a worker process"])
+async def test_a_drone_cut_off_from_its_relay_ends_its_turns_as_lost_not_as_a_persons_abort(
+    openai_peer: OpenAIPeer, tmp_path: Path, workers: int
+) -> None:
+    """Past --cut-off without a relay the drone stops what it runs; when a relay hears from it
+    again (one restarted, say, that no drone's loss had ended the turn for), the turn ends in
+    error as lost (docs/protocol.md, "End reasons"), not aborted by nobody."""
+    first = BareRelay()
+    port = await first.start()
+    config = DroneConfig(
+        server=f"http://127.0.0.1:{port}",
+        token=DRONE_TOKEN,
+        name="cut",
+        provider="openai",
+        model="gpt-test",
+        base_url=openai_peer.base_url + "/v1",
+        api_key="test-key",
+        workdir=str(tmp_path),
+        workers=workers,
+        cut_off=1.0,
+    )
+    root = AbortController()
+    drone = asyncio.ensure_future(run_drone(config, root))
+    again = BareRelay()
+    try:
+        await eventually(lambda: first.drone, timeout=30, what="the drone")
+        openai_peer.script(SLOW)
+        order = {"turnId": "t_1", "sessionId": "s_1", "prompt": "Say a lot", "history": []}
+        accepted = await first.sio.call(
+            "workOrder", order, to=first.drone, namespace=DRONE_NAMESPACE
+        )
+        assert accepted == {"ok": True}
+        await eventually(lambda: openai_peer.requests, what="the model call")
+
+        await first.vanish()  # and stays gone past --cut-off
+        await openai_peer.wait_for_disconnect(timeout=1.0 + 5.0)
+        await again.start(port)
+
+        await asyncio.wait_for(again.completed.wait(), 20)
+        turn_id, success, result, ending = again.completions[0]
+        assert (turn_id, success, result) == ("t_1", False, CUT_OFF), ending
+        assert ending["reason"] == "drone_lost"
+        assert not openai_peer.requests[0].completed
+    finally:
+        root.abort(AbortError("The test is over.", cause="operator"))
+        await asyncio.wait_for(drone, 10)
+        for relay in (first, again):
+            await relay.runner.cleanup()

@@ -12,13 +12,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import socketio
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.turns import queue_full
-from hangar.shared.protocol import ABORT_SIGNALED, STOP_AFTER_STEP, TOOL_CANCELLED
-from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, Upstream, eventually
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    DRONE_NAMESPACE,
+    DRONE_STOPPING,
+    STOP_AFTER_STEP,
+    TOOL_CANCELLED,
+)
+from tests.conftest import (
+    DRONE_TOKEN,
+    Browser,
+    People,
+    RelayHandle,
+    Upstream,
+    drone_hello,
+    eventually,
+)
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 
@@ -63,7 +78,7 @@ async def test_a_submit_with_no_drone_online_waits_and_starts_when_one_comes(
     await start_drone(Upstream("openai", openai_peer))
 
     assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "Hello world")
-    assert endings(browser, ack["turnId"])[0]["reason"] == "finished"
+    assert (await browser.ending(ack["turnId"]))["reason"] == "finished"
 
 
 async def test_a_second_order_to_a_busy_drone_queues_then_finishes(
@@ -128,7 +143,8 @@ async def test_aborting_a_queued_order_ends_it_at_once_with_no_drone_or_a_busy_o
         turn = await relay.relay.store.get_turn(ack["turnId"])
         assert turn is not None and (turn.status, turn.reason) == ("aborted", "aborted")
         assert [(m.role, m.content) for m in turn.messages] == [("user", f"Never mind {index}")]
-        (ended,) = endings(browser, ack["turnId"])
+        ended = await browser.ending(ack["turnId"])
+        assert len(endings(browser, ack["turnId"])) == 1
         assert ended["endedBy"] == turn.ended_by and ended["endedBy"].startswith("person-")
     assert statistics.median(took) < 0.05, took
     assert await browser.abort(ack["turnId"]) == (False, "No active work order to abort")
@@ -159,6 +175,99 @@ async def test_an_abort_racing_the_dispatch_is_never_lost(
     for person, turn_id in zip(people, turn_ids, strict=True):
         assert len(person.completions(turn_id)) == 1
     assert all(not r.completed for r in openai_peer.requests)
+
+
+class TardyDrone:
+    """A hand-driven drone that answers an abort at once ("Abort signaled", as a drone does for
+    a work order still on its way to it) but answers a work order only when the test says."""
+
+    def __init__(self) -> None:
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.orders: asyncio.Queue[str] = asyncio.Queue()
+        self.answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
+        self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
+
+    async def connect(self, url: str, drone_id: str) -> TardyDrone:
+        hello = drone_hello(drone_id)
+        await self.sio.connect(
+            url, namespaces=[DRONE_NAMESPACE], transports=["websocket"], auth=hello
+        )
+        return self
+
+    async def on_work_order(self, order: dict[str, Any]) -> dict[str, Any]:
+        self.orders.put_nowait(order["turnId"])
+        return await asyncio.shield(self.answer)
+
+    async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
+        return True, ABORT_SIGNALED
+
+    async def close(self) -> None:
+        if not self.answer.done():
+            self.answer.set_result({"ok": False, "error": "gone"})
+        await self.sio.disconnect()
+
+
+@pytest.mark.parametrize("then", ["busy", "gone"])
+async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_sent_again(
+    relay: RelayHandle, browsers: Any, then: str
+) -> None:
+    """The person is told "Abort signaled" while the work order is on its way; then the drone
+    says it is busy, or leaves before it answers. The turn ends aborted by that person, at
+    once, and no drone is sent it again (docs/protocol.md: a turn whose abort was asked ends
+    aborted whatever else ends it)."""
+    browser = await browsers("ada")
+    tardy = await TardyDrone().connect(relay.url, "tardy-1")
+    spare = TardyDrone()
+    try:
+        await eventually(lambda: relay.relay.directory.local, what="the drone")
+        turn_id = (await browser.submit("Hello"))["turnId"]
+        assert await asyncio.wait_for(tardy.orders.get(), 5) == turn_id
+        await spare.connect(relay.url, "spare-1")  # room for the turn, were it back in line
+        await eventually(lambda: len(relay.relay.directory.local) == 2, what="the spare drone")
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        if then == "busy":
+            tardy.answer.set_result({"ok": False, "error": "The drone is busy."})
+        else:
+            await tardy.close()
+
+        assert await browser.completion(turn_id, timeout=5) == (turn_id, True, "aborted")
+        ending = await browser.ending(turn_id)
+        assert (ending["status"], ending["reason"], ending["endedBy"]) == (
+            "aborted",
+            "aborted",
+            "ada",
+        )
+        assert await status_of(relay, turn_id) == "aborted"
+        assert (tardy.orders.qsize(), spare.orders.qsize()) == (0, 0)  # sent only the once
+    finally:
+        for drone in (tardy, spare):
+            await drone.close()
+
+
+async def test_a_turn_a_stopping_drone_refuses_waits_for_another_drone(
+    relay: RelayHandle, browsers: Any
+) -> None:
+    """A drone shutting down (Ctrl-C) refuses the order it was just sent: the turn waits in
+    line and goes to another drone, instead of failing (docs/protocol.md, ``workOrder``)."""
+    browser = await browsers("ada")
+    stopping = await TardyDrone().connect(relay.url, "stopping-1")
+    spare = TardyDrone()
+    try:
+        await eventually(lambda: relay.relay.directory.local, what="the drone")
+        turn_id = (await browser.submit("Hello"))["turnId"]
+        assert await asyncio.wait_for(stopping.orders.get(), 5) == turn_id
+        await spare.connect(relay.url, "spare-1")
+        await eventually(lambda: len(relay.relay.directory.local) == 2, what="the spare drone")
+
+        stopping.answer.set_result({"ok": False, "error": DRONE_STOPPING})
+
+        assert await asyncio.wait_for(spare.orders.get(), 5) == turn_id
+        assert browser.completions(turn_id) == []
+        assert await status_of(relay, turn_id) == "processing"
+    finally:
+        for drone in (stopping, spare):
+            await drone.close()
 
 
 async def test_one_persons_many_orders_do_not_hold_up_anothers(
@@ -299,7 +408,7 @@ async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(
         ("tool", TOOL_CANCELLED),
     ]
     assert len(openai_peer.requests) == 1, "no model call after the step"
-    assert endings(browser, ack["turnId"])[0]["reason"] == "aborted"
+    assert (await browser.ending(ack["turnId"]))["reason"] == "aborted"
 
 
 async def test_stop_after_this_step_lets_the_model_call_finish_then_runs_none_of_its_tools(
@@ -327,6 +436,32 @@ async def test_stop_after_this_step_lets_the_model_call_finish_then_runs_none_of
     assert len(openai_peer.requests) == 1, "no model call after the step"
 
 
+async def test_stop_after_this_step_during_the_final_answer_keeps_it_and_ends_aborted(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """The step in progress is the last one: its answer is kept whole, and the turn ends
+    aborted, as "Stopping after this step" promised (docs/protocol.md), not finished."""
+    words = [f"word{i} " for i in range(40)]
+    openai_peer.script(Reply(chunks=words, delay=0.03))
+    await start_drone(Upstream("openai", openai_peer))
+    ack = await browser.submit("Answer at length")
+    await browser.wait_text(ack["turnId"], pieces=2)
+
+    gentle = await browser.call("abortWorkOrder", {"turnId": ack["turnId"], "mode": "after_step"})
+
+    assert gentle == (True, STOP_AFTER_STEP)
+    assert await browser.completion(ack["turnId"], timeout=10) == (ack["turnId"], True, "aborted")
+    assert browser.text(ack["turnId"]) == "".join(words)
+    ending = await browser.ending(ack["turnId"])
+    assert (ending["status"], ending["reason"]) == ("aborted", "aborted")
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None
+    assert [(m.role, m.content.strip(), bool(m.aborted)) for m in turn.messages] == [
+        ("user", "Answer at length", False),
+        ("assistant", "".join(words).strip(), False),
+    ]
+
+
 async def test_a_finished_turn_stores_and_reports_the_tokens_it_used(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:
@@ -339,10 +474,10 @@ async def test_a_finished_turn_stores_and_reports_the_tokens_it_used(
     await browser.abort(cut["turnId"])
     await browser.completion(cut["turnId"])
 
-    counted = endings(browser, finished["turnId"])[0]["usage"]
+    counted = (await browser.ending(finished["turnId"]))["usage"]
     assert counted["completionTokens"] == 3 and counted["promptTokens"] > 0
     assert counted["estimated"] is False
-    estimated = endings(browser, cut["turnId"])[0]["usage"]
+    estimated = (await browser.ending(cut["turnId"]))["usage"]
     assert estimated["estimated"] is True and estimated["completionTokens"] >= 3
     turn = await relay.relay.store.get_turn(finished["turnId"])
     assert turn is not None and turn.usage is not None and turn.usage.completion_tokens == 3
