@@ -3,8 +3,9 @@
 Client input never reaches a log as a traceback:
 
 - a packet that does not decode (not JSON, a number past Python's digit limit, nesting too deep,
-  a packet type a client may not send, binary attachments, which Hangar does not use) is dropped,
-  answered with an error ack when it carries an ack id;
+  a packet type a client may not send) is dropped, answered with an error ack when it carries
+  an ack id; so is an event with binary attachments, which Hangar does not use (its ack says
+  so; each attachment's frame counts as a packet refused);
 - an event whose payload is not a list starting with a name, or whose name is one socket.io
   keeps for itself (``connect``, ``disconnect``…), gets an error ack, so a client cannot pass
   itself off as a connection's start or end;
@@ -49,6 +50,7 @@ RESERVED = frozenset(
     {"connect", "connect_error", "disconnect", "disconnecting", "newListener", "removeListener"}
 )
 MALFORMED = "Malformed packet."
+BINARY_REFUSED = "Binary attachments are not accepted: send JSON."
 RESERVED_NAME = "Reserved event name."
 # type, optional attachment count, optional namespace, optional ack id: what an error ack needs.
 _HEAD = re.compile(r"^(\d)(?:\d+-)?(/[^,]*,)?(\d{1,15})?")
@@ -294,7 +296,8 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
             self._logged_at[eio_sid] = now
             log.info("refused a client packet (%s; %d from this connection)", refusal, count)
         head = _HEAD.match(data) if isinstance(data, str) else None
-        if head is not None and head.group(1) == str(packet.EVENT) and head.group(3):
+        kinds = (str(packet.EVENT), str(packet.BINARY_EVENT))
+        if head is not None and head.group(1) in kinds and head.group(3):
             namespace = (head.group(2) or "/,")[:-1]
             answer = self.packet_class(
                 packet.ACK,
@@ -333,7 +336,9 @@ def _refusal(decoded: packet.Packet | None) -> str | None:
     """Why a client's socket.io packet is refused, or None to handle it."""
     if decoded is None:
         return MALFORMED
-    if decoded.attachment_count or decoded.packet_type not in (
+    if decoded.attachment_count:
+        return BINARY_REFUSED
+    if decoded.packet_type not in (
         packet.CONNECT,
         packet.DISCONNECT,
         packet.EVENT,

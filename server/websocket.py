@@ -35,12 +35,17 @@ class PromptCloseWebSocket(aiohttp_driver.WebSocket):  # type: ignore[misc]
     frozen drone) is cut off within a second, so it sees its connection end the moment it runs
     again."""
 
-    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
+    async def __call__(self, environ: dict[str, Any]) -> web.StreamResponse:
         request = environ["aiohttp.request"]
         self._sock = web.WebSocketResponse(
             max_msg_size=self.server.max_http_buffer_size, timeout=CLOSE_WITHIN
         )
-        await self._sock.prepare(request)
+        try:
+            await self._sock.prepare(request)
+        except ConnectionResetError:  # the client left before its upgrade was answered
+            sock = self.handler.__self__
+            await sock.close(wait=False, abort=True, reason=sock.server.reason.TRANSPORT_CLOSE)
+            return web.Response()  # nobody reads it: aiohttp takes a peer that is gone quietly
         self.environ = environ
         await serve_websocket(self.handler.__self__, self)
         return self._sock

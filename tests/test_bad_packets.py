@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket as socket_module
+import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,7 +16,7 @@ import aiohttp
 import pytest
 
 from bench.peers import OpenAIPeer, Reply
-from hangar.server.transport import MALFORMED, MAX_MALFORMED, RESERVED_NAME
+from hangar.server.transport import BINARY_REFUSED, MALFORMED, MAX_MALFORMED, RESERVED_NAME
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -204,3 +206,52 @@ async def test_a_client_cannot_send_lifecycle_events(
     assert "ghost-1" in relay.relay.directory.local  # still connected, not "gone"
     assert "ghost-2" not in relay.relay.directory.local
     assert (await browser.completion(ack["turnId"], timeout=10))[1] is True
+
+
+async def test_an_event_with_a_binary_attachment_gets_an_error_ack_and_no_traceback(
+    relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hangar's events are JSON: one with a binary attachment is answered at once that it is
+    not accepted (the client does not wait out its own timeout), and the connection goes on."""
+    caplog.set_level(logging.DEBUG)
+    token = await relay.people.token()
+    socket: RawSocket = await raw(f'0/ide,{{"token":"{token}"}}')
+
+    await socket.send('51-/ide,7["submitWorkOrder",{"_placeholder":true,"num":0}]')
+    await socket.socket.send_bytes(b"\x00\x01")  # its attachment
+
+    assert await socket.ack("/ide", 7) == [{"ok": False, "error": BINARY_REFUSED}]
+    await socket.send('2/ide,8["listSessions",{}]')
+    assert await socket.ack("/ide", 8) == [{"ok": True, "sessions": []}]
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_websocket_whose_client_left_before_the_upgrade_leaves_no_traceback(
+    relay: RelayHandle, browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Clients that gave up on a relay too slow to answer (frozen a while, say) have asked for a
+    websocket and reset their connection: the relay drops each quietly, and serves on."""
+    caplog.set_level(logging.DEBUG)
+    port = int(relay.url.rsplit(":", 1)[1])
+    upgrade = (
+        "GET /socket.io/?EIO=4&transport=websocket HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    before = len(relay.relay.sio.eio.sockets)
+    for _ in range(10):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(upgrade)
+        await writer.drain()
+        linger = writer.get_extra_info("socket")
+        linger.setsockopt(
+            socket_module.SOL_SOCKET, socket_module.SO_LINGER, struct.pack("ii", 1, 0)
+        )
+        writer.close()  # a reset, before the relay answers
+
+    await eventually(
+        lambda: len(relay.relay.sio.eio.sockets) == before, what="the dropped clients gone"
+    )
+    assert "Traceback" not in caplog.text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert (await browser.call("listSessions", {}))["ok"] is True
