@@ -20,6 +20,7 @@ from hangar.shared.protocol import (
     SESSION_REMOVED,
     TURN_ENDED,
     TURN_STARTED,
+    UNKNOWN_SESSION,
     ListSessions,
     OpenSession,
     ToolActivity,
@@ -35,8 +36,6 @@ log = logging.getLogger("hangar.relay")
 SESSION_COALESCE = 0.05
 """Seconds a session's changed line waits for the session's other changes."""
 
-UNKNOWN_SESSION = "Unknown session."
-"""The refusal for a session that does not exist or is someone else's (the same for both)."""
 SESSION_BUSY = "This session has a turn running or waiting; stop it before deleting the session."
 NOT_YOUR_TITLE = "Only the person whose session it is can rename it."
 EMPTY_TITLE = "A session's title cannot be empty."

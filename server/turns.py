@@ -29,6 +29,7 @@ from hangar.shared.protocol import (
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
     TURN_STARTED,
+    UNKNOWN_SESSION,
     UNKNOWN_TURN,
     AbortOrder,
     AbortWorkOrderRequest,
@@ -46,7 +47,7 @@ from .endings import TurnEndings, brief
 from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
-from .rooms import UNKNOWN_SESSION, Rooms
+from .rooms import Rooms
 from .store import (
     Ending,
     RequestTakenError,

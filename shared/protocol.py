@@ -15,6 +15,7 @@ from pydantic import Field, StrictBool, TypeAdapter, ValidationError
 # The base types of every payload live in ``wire``; they are part of this module's surface.
 from .wire import (
     ABORT_REASONS,
+    ID_PATTERN,
     MAX_BUNDLED,
     TERMINAL_STATUSES,
     ChatMessage,
@@ -31,6 +32,7 @@ from .wire import (
 
 __all__ = [
     "ABORT_REASONS",
+    "ID_PATTERN",
     "MAX_BUNDLED",
     "TERMINAL_STATUSES",
     "ChatMessage",
@@ -87,6 +89,8 @@ STOP_AFTER_STEP = "Stopping after this step"
 NO_ACTIVE_WORK_ORDER = "No active work order to abort"
 DRONE_OFFLINE = "Drone is offline"
 UNKNOWN_TURN = "Unknown turn"
+UNKNOWN_SESSION = "Unknown session."
+"""A session that does not exist, or one the person may not see (a refusal tells nothing)."""
 TOOL_CANCELLED = "Tool execution was cancelled by user."
 TOOL_LOST = "The drone was lost before this tool finished."
 """The result the relay gives a tool call left open by an ending it decided (not an abort)."""

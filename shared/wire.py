@@ -53,7 +53,9 @@ class Wire(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+"""What an id (of a turn, a session, a tool call) looks like."""
+Id = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
 class ToolCall(Wire):

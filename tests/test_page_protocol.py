@@ -54,6 +54,8 @@ SAME_NAME = [
     "TOOL_NOT_RUN",
     "MAX_PROMPT_CHARS",
     "NOT_LOGGED_IN",
+    "UNKNOWN_SESSION",
+    "ID_PATTERN",
 ]
 
 # What Python's str.strip() removes and str.splitlines() splits on (whitespace too), plus

@@ -19,11 +19,17 @@ from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.postgres_store import PostgresTurnStore
-from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, SESSION_BUSY, UNKNOWN_SESSION
+from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, SESSION_BUSY
 from hangar.server.schema import migrations
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import Ending, SessionRecord, TurnRecord
-from hangar.shared.protocol import ABORT_SIGNALED, SESSION_CHANGED, SESSION_REMOVED, ChatMessage
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    SESSION_CHANGED,
+    SESSION_REMOVED,
+    UNKNOWN_SESSION,
+    ChatMessage,
+)
 from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, Upstream, eventually
 
 Start = Callable[..., Any]

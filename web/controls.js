@@ -3,7 +3,7 @@
 // turn (see abort.js).
 
 import { createAbortControls } from "./abort.js";
-import { SUBMIT_WORK_ORDER } from "./protocol.js";
+import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { byId, toast } from "./ui.js";
 
@@ -85,6 +85,16 @@ export function createControls(state, { conversation, sessions, drones }) {
     if (!text.trim()) {
       prompt.focus();
       return;
+    }
+    if (text.length > MAX_PROMPT_CHARS) {
+      const length = [...text].length; // code points, as the relay counts them
+      if (length > MAX_PROMPT_CHARS) {
+        const [has, most] = [length, MAX_PROMPT_CHARS].map((n) => n.toLocaleString("en-US"));
+        toast(`This prompt has ${has} characters; a prompt may have ${most}. Shorten it, or send it in parts.`, {
+          error: true,
+        });
+        return;
+      }
     }
     if (!socket.connected) {
       toast("Not connected to the relay. Try again once it is back.", { error: true });
@@ -180,6 +190,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     const up = e.key === "ArrowUp";
     if (recalled && prompt.value !== recalled.value) recalled = null;
     if (!recalled && (prompt.value !== "" || !up)) return false;
+    if (recalled && !onEdgeLine(up)) return false; // the caret moves within a recalled prompt
     const history = conversation.prompts();
     const index = (recalled ? recalled.index : history.length) + (up ? -1 : 1);
     if (index < 0) return history.length > 0; // already at the oldest
@@ -189,6 +200,13 @@ export function createControls(state, { conversation, sessions, drones }) {
     autosize();
     prompt.setSelectionRange(value.length, value.length);
     return true;
+  }
+
+  /** Whether the caret is on the prompt's first line (``up``) or its last: only from there
+   * do the arrows walk the earlier prompts. */
+  function onEdgeLine(up) {
+    const { value, selectionStart, selectionEnd } = prompt;
+    return up ? !value.slice(0, selectionStart).includes("\n") : !value.slice(selectionEnd).includes("\n");
   }
 
   function autosize() {

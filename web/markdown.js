@@ -11,6 +11,13 @@ const purify = globalThis.DOMPurify(window);
 
 /** Guessing the language of a longer unlabelled block costs more than the colours are worth. */
 const GUESS_MAX_CHARS = 10_000;
+/** The languages an unlabelled block may be taken for, and how sure highlight.js must be (its
+ * relevance): a weak guess among all its languages colours prose as "vbnet" or "ini". */
+const GUESSES = [
+  "bash", "c", "cpp", "csharp", "css", "diff", "go", "java", "javascript", "json", "kotlin",
+  "php", "python", "ruby", "rust", "shell", "sql", "typescript", "xml", "yaml",
+]; // prettier-ignore
+const GUESS_MIN_RELEVANCE = 10;
 
 const ALLOWED_TAGS = [
   "a", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr",
@@ -55,6 +62,8 @@ export function renderTokens(tokens, { settled }) {
   const html = markdown.parser(tokens);
   const fragment = purify.sanitize(html, { ALLOWED_TAGS, ALLOWED_ATTR, RETURN_DOM_FRAGMENT: true });
   for (const code of fragment.querySelectorAll("pre > code")) decorateCode(code, settled);
+  // A link whose address was dropped as unsafe is the text it showed, not a link to nowhere.
+  for (const link of fragment.querySelectorAll("a:not([href])")) link.replaceWith(...link.childNodes);
   return fragment;
 }
 
@@ -66,7 +75,8 @@ function decorateCode(code, settled) {
   if (named && hljs.getLanguage(named)) {
     highlighted = hljs.highlight(text, { language: named, ignoreIllegals: true });
   } else if (!named && settled && text.length <= GUESS_MAX_CHARS) {
-    highlighted = hljs.highlightAuto(text);
+    const guess = hljs.highlightAuto(text, GUESSES);
+    if (guess.relevance >= GUESS_MIN_RELEVANCE) highlighted = guess;
   }
   if (highlighted) {
     code.innerHTML = highlighted.value; // highlight.js escapes the text it wraps in its spans
@@ -74,7 +84,7 @@ function decorateCode(code, settled) {
   }
   const block = document.createElement("div");
   block.className = "code-block";
-  block.dataset.lang = named || (highlighted?.relevance > 5 ? highlighted.language : "") || "";
+  block.dataset.lang = named || highlighted?.language || "";
   const copy = document.createElement("button");
   copy.type = "button";
   copy.className = "copy-code";

@@ -39,7 +39,12 @@ export const TOOL_CANCELLED = "Tool execution was cancelled by user.";
 /** How the result of a tool call that did not run (declined, refused, unanswered) ends. */
 export const TOOL_NOT_RUN = "; it did not run.";
 
+/** The most characters (code points, as the relay counts them) a prompt may have. */
 export const MAX_PROMPT_CHARS = 100_000;
+/** What an id (of a session, a turn) looks like. */
+export const ID_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$";
+/** The relay's answer for a session that does not exist or is someone else's. */
+export const UNKNOWN_SESSION = "Unknown session.";
 
 /** Why the relay refuses a connection at connect: the person must log in (at /login). */
 export const NOT_LOGGED_IN = "Log in to continue.";

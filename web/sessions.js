@@ -2,7 +2,7 @@
 // the list scrolls), search, rename and delete, and on a phone a drawer; the heading; #s=<id>
 // routing; opening a session from the relay's snapshot.
 
-import { LIST_SESSIONS, OPEN_SESSION, RESYNC, sessionTitle } from "./protocol.js";
+import { ID_PATTERN, LIST_SESSIONS, OPEN_SESSION, RESYNC, UNKNOWN_SESSION, sessionTitle } from "./protocol.js";
 import { createSessionEdits } from "./session-edits.js";
 import { request, socket } from "./socket.js";
 import { byId, formatTime, fullTime, h, toast } from "./ui.js";
@@ -511,6 +511,11 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   }
 
   async function open(sessionId) {
+    if (!new RegExp(ID_PATTERN).test(sessionId)) {
+      toast(UNKNOWN_SESSION, { error: true }); // a link mangled on its way, say
+      startNew();
+      return;
+    }
     const seq = ++openSeq;
     state.loadingSessionId = sessionId;
     conversation.renderLoading();

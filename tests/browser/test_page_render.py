@@ -115,6 +115,43 @@ async def test_an_answer_streams_in_as_markdown_with_highlighted_code(
     await page.screenshot(path=artifact("render-markdown.png"), full_page=True)
 
 
+PROSE_IN_CODE = (
+    "```\nThe sub-agent listed the work directory: nothing in it.\nIt then wrote a note, as asked,"
+    " and read it back to check it.\n(empty directory)\n```\n\n"
+    "[js](javascript:alert(1)) [data](data:text/html,hi) [ok](https://example.com/)\n"
+)
+
+
+async def test_an_unlabelled_block_of_prose_is_not_coloured_and_a_dropped_link_reads_as_text(
+    page: Page, relay: RelayHandle
+) -> None:
+    """Only a confident guess colours an unlabelled code block (prose is not "vbnet"), and a
+    link whose address was dropped as unsafe is shown as the plain text it is, not as a link
+    that does nothing."""
+    await open_hangar(page, relay)
+    found: dict[str, Any] = await page.evaluate(
+        """async (text) => {
+            const { MarkdownView } = await import("/static/markdown-view.js");
+            const out = document.createElement("div");
+            const view = new MarkdownView(out);
+            view.append(text);
+            view.finish();
+            const block = out.querySelector(".code-block");
+            return {
+                lang: block.dataset.lang,
+                coloured: block.querySelectorAll("code span").length,
+                links: [...out.querySelectorAll("a")].map((a) => [a.textContent, a.href]),
+                text: out.querySelector("p").textContent,
+            };
+        }""",
+        PROSE_IN_CODE,
+    )
+
+    assert (found["lang"], found["coloured"]) == ("", 0)
+    assert found["links"] == [["ok", "https://example.com/"]]
+    assert found["text"] == "js data ok"
+
+
 async def test_streamed_markdown_renders_as_the_whole_answer_would(
     page: Page, relay: RelayHandle
 ) -> None:
@@ -203,6 +240,44 @@ async def test_copy_buttons_put_the_code_and_the_answer_on_the_clipboard(
     assert await clipboard(page) == ANSWER
     record = await stored(relay, await turn_id_of(turn), "finished")
     assert record.text == ANSWER
+
+
+async def test_the_arrows_move_the_caret_in_a_recalled_prompt_of_several_lines(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    """A recalled prompt of several lines can be edited: ArrowUp and ArrowDown move the caret
+    between its lines, and walk the earlier prompts only from its first or last line."""
+    openai_peer.script(Reply(chunks=["One."]), Reply(chunks=["Three."]))
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    prompt = page.locator("#prompt")
+    await expect(await submit(page, "first")).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    lines = "alpha\nbeta\ngamma"
+    await expect(await submit(page, lines)).to_have_class(has_class("finished"), timeout=WAIT_MS)
+
+    async def caret_line() -> int:
+        before: str = await prompt.evaluate("p => p.value.slice(0, p.selectionStart)")
+        return before.count("\n")
+
+    await prompt.focus()
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value(lines)
+    assert await caret_line() == 2
+    await page.keyboard.press("ArrowUp")
+    await expect(prompt).to_have_value(lines)
+    assert await caret_line() == 1
+    await page.keyboard.press("ArrowDown")
+    await expect(prompt).to_have_value(lines)
+    assert await caret_line() == 2
+    await page.keyboard.press("ArrowUp")
+    await page.keyboard.press("ArrowUp")
+    assert await caret_line() == 0
+    await page.keyboard.press("ArrowUp")  # from its first line: the prompt before it
+    await expect(prompt).to_have_value("first")
+    await page.keyboard.press("ArrowDown")
+    await expect(prompt).to_have_value(lines)
+    await page.keyboard.press("ArrowDown")  # from its last line: back to an empty composer
+    await expect(prompt).to_have_value("")
 
 
 async def test_retry_edit_and_recall_send_earlier_prompts_again(

@@ -13,6 +13,7 @@ from playwright.async_api import Locator, Page, expect
 
 from hangar.server.store import SessionRecord, TurnRecord
 from hangar.shared.protocol import ChatMessage
+from tests.browser.conftest import artifact
 from tests.browser.test_page import WAIT_MS, open_hangar
 from tests.conftest import RelayHandle
 
@@ -240,3 +241,26 @@ async def test_a_phone_lists_whole_distinct_titles_in_a_drawer(
     await item(page, ids[2]).click()  # choosing one closes the drawer
     await expect(page.locator("#sessions-panel")).to_be_hidden()
     await expect(toggle).to_contain_text(titles[2])
+
+
+async def test_a_mangled_session_link_and_an_over_long_prompt_are_told_plainly(
+    page: Page, relay: RelayHandle
+) -> None:
+    """A session link that is no session's says "Unknown session." (not the relay's check of
+    its form), and a prompt past the limit is refused before it is sent, saying by how much,
+    with the text kept to shorten."""
+    await open_hangar(page, relay)
+    await page.goto(relay.url + "/#s=<img src=x onerror=alert(1)>")
+    toasts = page.locator("#toasts .toast.error")
+    await expect(toasts).to_have_text(["Unknown session."], timeout=WAIT_MS)
+
+    too_long = "word " * 20_001  # 100,005 characters
+    await page.fill("#prompt", too_long)
+    await page.press("#prompt", "Enter")
+
+    await expect(toasts.filter(has_text="100,005 characters")).to_contain_text(
+        "a prompt may have 100,000"
+    )
+    await expect(page.locator("#prompt")).to_have_value(too_long)
+    await expect(page.locator("#turns article.turn")).to_have_count(0)
+    await page.screenshot(path=artifact("prompt-too-long.png"))
