@@ -114,6 +114,7 @@ class TurnRecord:
             ended_by=self.ended_by,
             usage=self.usage,
             wanted_drone_id=self.wanted_drone if self.status == "queued" else None,
+            stopping=self.status == "processing" and self.abort_requested_by is not None,
         )
 
 

@@ -28,7 +28,9 @@ from hangar.shared.protocol import (
     APPROVE_TOOL_CALL,
     NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
+    STOP_AFTER_STEP,
     TURN_STARTED,
+    TURN_STOPPING,
     UNKNOWN_SESSION,
     UNKNOWN_TURN,
     AbortOrder,
@@ -201,7 +203,7 @@ class TurnLifecycle(TurnEndings):
             log.info("abort turn=%s while its drone is away: ended by the relay", turn.turn_id)
             ended = await self.end_here(turn.turn_id, self._unanswered(viewer))
             return await self.honoured(turn.turn_id, ended)
-        return await self._tell_drone(turn.turn_id, route, request.mode, viewer)
+        return await self._tell_drone(turn, route, request.mode, viewer)
 
     async def _abort_target(self, viewer: User, request: AbortWorkOrderRequest) -> TurnRecord | str:
         """The turn an abort is for, or why there is none. Someone else's turn is refused as
@@ -246,8 +248,9 @@ class TurnLifecycle(TurnEndings):
         return Ending("aborted", ABORTED, "unanswered", ended_by=viewer.name)
 
     async def _tell_drone(
-        self, turn_id: str, route: DroneRoute, mode: str, viewer: User
+        self, turn: TurnRecord, route: DroneRoute, mode: str, viewer: User
     ) -> tuple[bool, str]:
+        turn_id = turn.turn_id
         requested_at = time.monotonic()
         await self.live_state.abort_started(turn_id)
         order = AbortOrder(turn_id=turn_id, mode="after_step" if mode == "after_step" else "now")
@@ -288,6 +291,9 @@ class TurnLifecycle(TurnEndings):
         # lost (its first answer to the order was); either way the turn ends within the grace.
         if mode == "now" and (success or message == NO_ACTIVE_WORK_ORDER):
             self.reaper.watch_abort(turn_id)
+        elif success and message == STOP_AFTER_STEP:  # every tab shows it stops after its step
+            stopping = {"turnId": turn_id, "sessionId": turn.session_id}
+            await self.rooms.to_session(turn.session_id, TURN_STOPPING, stopping)
         return success, message
 
     async def approve(self, viewer: User, answer: ToolApproval) -> dict[str, Any]:

@@ -65,6 +65,7 @@ LOGGED_OUT = "loggedOut"
 TURN_QUEUED = "turnQueued"
 TURN_ENDED = "turnEnded"
 TURN_STARTED = "turnStarted"
+TURN_STOPPING = "turnStopping"
 WORK_ORDER_PROGRESS = "workOrderProgress"  # also drone -> relay
 WORK_ORDER_COMPLETE = "workOrderComplete"  # also drone -> relay
 DRONES = "drones"
@@ -236,6 +237,8 @@ class TurnView(Wire):
     """While queued: its place in line (as ``TurnQueued.position``)."""
     waiting: list[ToolActivity] = Field(default_factory=list)
     """While processing: its tool calls waiting for the person's approval."""
+    stopping: bool = False
+    """While processing: someone asked it to stop (after this step, or now)."""
 
 
 class TurnQueued(Wire):

@@ -71,6 +71,8 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
   /** Bring the buttons and the Esc listener in line with the open session's running turn. */
   function sync() {
     follow(state.currentSessionId ? conversation.processingTurnId() : null);
+    // Asked to stop after its step in another tab, or before a reload: a press stops it now.
+    if (abort.phase === "idle" && state.cards.get(abort.turnId)?.stopping) abort.phase = "stopping";
     if (!aborting() && abort.abortingToast) {
       // The turn has ended (its card now says how): "Aborting…" would no longer be true.
       abort.abortingToast.dismiss();

@@ -13,6 +13,7 @@ import {
   TURN_ENDED,
   TURN_QUEUED,
   TURN_STARTED,
+  TURN_STOPPING,
   TURN_STATUSES,
   WORK_ORDER_COMPLETE,
   WORK_ORDER_PROGRESS,
@@ -99,6 +100,10 @@ socket.on(TURN_STARTED, (view) => {
 
 socket.on(WORK_ORDER_PROGRESS, (ev) => {
   if (ev?.turnId) conversation.progress(ev);
+});
+
+socket.on(TURN_STOPPING, (ev) => {
+  if (ev?.turnId) conversation.stopping(ev);
 });
 
 socket.on(TURN_QUEUED, (place) => {

@@ -254,6 +254,14 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     state.cards.get(ev.turnId)?.place(ev);
   }
 
+  /** `turnStopping`: someone (in any tab) asked the turn to stop after its step. */
+  function stopping(ev) {
+    const card = state.cards.get(ev.turnId);
+    if (!card || card.ended) return;
+    card.setStopping(true);
+    onChange();
+  }
+
   /** A `workOrderProgress` event; kept for later when its turn is not known yet. */
   function progress(ev) {
     const card = state.cards.get(ev.turnId);
@@ -326,6 +334,7 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     follow,
     upsertTurn,
     placed,
+    stopping,
     progress,
     complete,
   };

@@ -17,6 +17,7 @@ export const LOGGED_OUT = "loggedOut";
 export const TURN_QUEUED = "turnQueued";
 export const TURN_ENDED = "turnEnded";
 export const TURN_STARTED = "turnStarted";
+export const TURN_STOPPING = "turnStopping";
 export const WORK_ORDER_PROGRESS = "workOrderProgress";
 export const WORK_ORDER_COMPLETE = "workOrderComplete";
 export const DRONES = "drones";

@@ -89,6 +89,7 @@ export class TurnCard {
     if (view.wantedDroneId) this.wantedDroneId = view.wantedDroneId;
     if (Number.isInteger(view.position)) this.position = view.position;
     if (view.reason) this.takeEnding(view);
+    if (view.stopping) this.stopping = true; // asked in another tab, or before a reload
     this.setStatus(TURN_STATUSES.includes(view.status) ? view.status : "processing", view.result);
   }
 

@@ -354,6 +354,41 @@ async def test_stop_now_after_stop_after_this_step_aborts_at_once(
     assert len(openai_peer.requests) == 1
 
 
+async def test_stop_after_this_step_shows_in_every_tab_and_after_a_reload(
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """Every tab on the session says the turn stops after its step (live, and after a reload),
+    and offers to stop it now, which any of them can."""
+    turn, turn_id, _ = await a_command_running(
+        page, relay, openai_peer, start_drone, tmp_path, "sleep 60; echo never"
+    )
+    other = await page.context.new_page()
+    await other.goto(page.url)
+    theirs = other.locator(f'#turns article.turn[data-turn-id="{turn_id}"]')
+    await expect(theirs).to_have_class(has_class("processing"), timeout=WAIT_MS)
+
+    await page.locator("#stop-after-step").click()
+
+    for tab, card in ((page, turn), (other, theirs)):
+        await expect(card.locator(".turn-status")).to_have_text("Stopping after this step…")
+        await expect(tab.locator("#stop-after-step")).to_have_text("Stop now")
+    await page.reload()
+    await expect(turn.locator(".turn-status")).to_have_text(
+        "Stopping after this step…", timeout=WAIT_MS
+    )
+    await expect(page.locator("#stop-after-step")).to_have_text("Stop now")
+
+    await other.locator("#stop-after-step").click()  # "Stop now", from the other tab
+
+    for card in (turn, theirs):
+        await expect(card).to_have_class(has_class("aborted"), timeout=5_000)  # not the 60 s
+    await other.close()
+
+
 async def test_a_finished_turn_shows_its_tokens_and_an_abort_says_who(
     page: Page,
     relay: RelayHandle,
