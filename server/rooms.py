@@ -36,6 +36,8 @@ log = logging.getLogger("hangar.relay")
 SESSION_COALESCE = 0.05
 """Seconds a session's changed line waits for the session's other changes."""
 
+REMOVED_OWNER = "a removed person"
+"""The owner's name shown for a session whose person was removed (``hangar user remove``)."""
 SESSION_BUSY = "This session has a turn running or waiting; stop it before deleting the session."
 NOT_YOUR_TITLE = "Only the person whose session it is can rename it."
 EMPTY_TITLE = "A session's title cannot be empty."
@@ -43,6 +45,14 @@ EMPTY_TITLE = "A session's title cannot be empty."
 SESSION_MOVES = (TURN_STARTED, TURN_ENDED)
 """Turn events after which the session's line in its owner's list changes: a turn created,
 started, put back in line or ended changes its processing turn, queued count or activity."""
+
+
+def owner_name(names: dict[str, str], owner: str, viewer_id: str) -> str | None:
+    """Whose a session is, for its viewer: None for their own, else its owner's name (or that
+    its owner was removed: never blank, which would read as the viewer's own)."""
+    if owner == viewer_id:
+        return None
+    return names.get(owner, REMOVED_OWNER)
 
 
 def session_room(session_id: str) -> str:
@@ -158,7 +168,9 @@ class Rooms:
         waiting = await queue.queued_per_session(self.store, only)
         return [
             s.view(
-                processing.get(s.session_id), names.get(s.owner), waiting.get(s.session_id, 0)
+                processing.get(s.session_id),
+                owner_name(names, s.owner, viewer_id),
+                waiting.get(s.session_id, 0),
             ).wire()
             for s in sessions
         ]
@@ -195,7 +207,9 @@ class Rooms:
         names = await self.accounts.names({session.owner} - {viewer.user_id})
         return {
             "ok": True,
-            "session": session.view(processing, names.get(session.owner)).wire(),
+            "session": session.view(
+                processing, owner_name(names, session.owner, viewer.user_id)
+            ).wire(),
             "turns": [view.wire() for view in views],
             "more": more,
         }

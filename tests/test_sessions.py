@@ -19,7 +19,7 @@ from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.postgres_store import PostgresTurnStore
-from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, SESSION_BUSY
+from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, REMOVED_OWNER, SESSION_BUSY
 from hangar.server.schema import migrations
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import Ending, SessionRecord, TurnRecord
@@ -345,6 +345,28 @@ async def test_an_admin_lists_and_deletes_anyones_sessions_but_renames_only_thei
         what="the owner told",
     )
     assert (await listed(alice))["sessions"] == []
+
+
+async def test_a_removed_persons_session_is_shown_as_theirs_not_as_the_admins(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """A person removed (``hangar user remove``) leaves their sessions: an admin sees whose
+    they were, never a blank owner that would read as the admin's own."""
+    dave = await browsers("dave")
+    await relay.people.token("root", role="admin")
+    root = await browsers("root")
+    ack = await ended_quickly(dave, "Dave's question")
+    assert await relay.relay.accounts.remove_user("dave")
+
+    everyone = await listed(root, everyone=True)
+    opened = await root.call("openSession", {"sessionId": ack["sessionId"]})
+
+    assert [(s["sessionId"], s.get("ownerName")) for s in everyone["sessions"]] == [
+        (ack["sessionId"], REMOVED_OWNER)
+    ]
+    assert opened["session"]["ownerName"] == REMOVED_OWNER
+    renamed = await root.call("renameSession", {"sessionId": ack["sessionId"], "title": "Mine"})
+    assert renamed == {"ok": False, "error": NOT_YOUR_TITLE}
 
 
 # ---- search
