@@ -7,6 +7,9 @@
 - **Logins.** ``/login`` takes a user name and password and sets an HttpOnly, SameSite=Lax
   session cookie (Secure over HTTPS) naming a server-side login that expires; ``POST /logout``
   ends it. Failed logins are limited per user name and per address; every refusal says the same.
+  A request from a trusted proxy (``--trusted-proxy``; loopback by default) is from the address
+  its ``X-Forwarded-For`` names (the nearest one not itself a trusted proxy), so a proxy's
+  visitors are limited each on their own, not all together as the proxy.
 - **Demo.** A relay started by ``hangar demo`` on a loopback address logs a local visitor in as
   its demo user, and the page says so; only a page reached by a loopback name or address
   (``localhost``, ``127.0.0.1``, ``[::1]``), so another site's name pointed at this machine (DNS
@@ -64,14 +67,47 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK_PROXIES = ["127.0.0.1", "::1"]
+
+
+def networks(addresses: list[str]) -> list[Network]:
+    """Addresses or networks (``10.0.0.0/8``) as networks; ValueError names a bad one."""
+    return [ipaddress.ip_network(address.strip(), strict=False) for address in addresses]
+
+
 class Access:
     def __init__(
-        self, accounts: Accounts, allowed_origins: list[str], demo_user: str | None = None
+        self,
+        accounts: Accounts,
+        allowed_origins: list[str],
+        demo_user: str | None = None,
+        trusted_proxies: list[str] | None = None,
     ) -> None:
         self.accounts = accounts
         self.allowed_origins = {origin.rstrip("/") for origin in allowed_origins}
         self.demo_user = demo_user
         """The user a loopback visitor is logged in as, on a demo relay."""
+        self.proxies = networks(LOOPBACK_PROXIES if trusted_proxies is None else trusted_proxies)
+
+    def client_address(self, request: web.BaseRequest) -> str:
+        """Who sent ``request``: its peer, or the address a trusted proxy says it forwards."""
+        address = request.remote or ""
+        if not self._proxy(address):
+            return address
+        hops = ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")
+        for hop in reversed([h.strip() for h in hops if h.strip()]):
+            address = hop
+            if not self._proxy(hop):
+                break
+        return address
+
+    def _proxy(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self.proxies)
 
     # ---- origins
 
@@ -135,14 +171,15 @@ class Access:
             name, password = form.get("username"), form.get("password")
             if not isinstance(name, str) or not isinstance(password, str):
                 return self._login_page(page_dir, BAD_LOGIN, 400)
-            keys = (f"user:{name.strip().lower()}", f"address:{request.remote}")
+            address = self.client_address(request)
+            keys = (f"user:{name.strip().lower()}", f"address:{address}")
             if await self.accounts.login_refused(*keys):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
             user = await self.accounts.check_password(name.strip(), password)
             if user is None:
                 await self.accounts.login_failed(*keys)
-                log.info("login failed user=%r address=%s", name[:64], request.remote)
+                log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)
             await self.accounts.login_succeeded(keys[0])
             response = web.HTTPSeeOther("/")

@@ -54,6 +54,8 @@ class RelayConfig:
     """A secret shared by every drone (``--drone-token``); empty: drones need their own token."""
     allowed_origins: list[str] = field(default_factory=list)
     """Origins besides the relay's own that may use it (a proxy's public address)."""
+    trusted_proxies: list[str] | None = None
+    """Proxies whose ``X-Forwarded-For`` names who a request is from; None: loopback only."""
     demo_user: str | None = None
     """On a demo relay: the user a visitor on this machine is logged in as."""
     abort_grace: float = 10.0
@@ -134,7 +136,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         drone_grace=config.drone_grace,
         abort_answer=config.abort_answer,
     )
-    access = Access(relay.accounts, config.allowed_origins, config.demo_user)
+    access = Access(
+        relay.accounts, config.allowed_origins, config.demo_user, config.trusted_proxies
+    )
     relay_access.append(access)
     browsers, drones = IdeNamespace(relay, access), DroneNamespace(relay)
     sio.register_namespace(browsers)

@@ -25,7 +25,7 @@ from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import add_log_level, add_setting, directory, port, seconds, url
 
-from .access import is_loopback
+from .access import LOOPBACK_PROXIES, is_loopback, networks
 from .accounts import Accounts
 from .app import RELAY, SHUTDOWN_WAIT, RelayConfig, build_app, open_store
 from .demo_model import DEMO_MODEL, DEMO_PATH
@@ -139,6 +139,16 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
     )
     add_setting(
         command,
+        "--trusted-proxies",
+        env="HANGAR_TRUSTED_PROXIES",
+        default=",".join(LOOPBACK_PROXIES),
+        check=proxies,
+        help="the proxies (addresses or networks, comma-separated) whose X-Forwarded-For says "
+        "who a request is from, so failed logins are limited per visitor, not per proxy "
+        "(HANGAR_TRUSTED_PROXIES; default %(default)s; empty: none)",
+    )
+    add_setting(
+        command,
         "--abort-grace",
         env="HANGAR_ABORT_GRACE",
         default="10",
@@ -174,10 +184,23 @@ def relay_config(args: argparse.Namespace) -> RelayConfig:
         redis=args.redis,
         redis_prefix=args.redis_prefix,
         allowed_origins=args.allowed_origin,
+        trusted_proxies=args.trusted_proxies,
         abort_grace=args.abort_grace,
         abort_answer=args.abort_answer,
         drone_grace=args.drone_grace,
     )
+
+
+def proxies(text: str) -> list[str]:
+    """Comma-separated addresses or networks (``10.0.0.0/8``) of trusted proxies."""
+    found = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        networks(found)
+    except ValueError:
+        raise ValueError(
+            f"expected addresses or networks, comma-separated, got {text!r}."
+        ) from None
+    return found
 
 
 class RelayStartError(Exception):

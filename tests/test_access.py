@@ -18,7 +18,7 @@ import socketio
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.access import BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
 from hangar.server.accounts import MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
-from hangar.server.app import RelayConfig
+from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
 from hangar.shared.protocol import (
@@ -37,11 +37,12 @@ PASSWORD = "correct horse battery staple"
 class Login:
     """A person's web session: aiohttp with a cookie jar, as a browser keeps cookies."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, forwarded_for: str | None = None) -> None:
         self.url = url
         self.http = aiohttp.ClientSession(
             # unsafe: keep cookies of an IP address host (127.0.0.1) as a browser does
-            cookie_jar=aiohttp.CookieJar(unsafe=True)
+            cookie_jar=aiohttp.CookieJar(unsafe=True),
+            headers={"X-Forwarded-For": forwarded_for} if forwarded_for else None,
         )
 
     async def post(self, path: str, **form: str) -> tuple[int, str, aiohttp.ClientResponse]:
@@ -67,8 +68,8 @@ class Login:
 async def logins(relay: RelayHandle) -> Any:
     opened: list[Login] = []
 
-    def open_login(url: str | None = None) -> Login:
-        login = Login(url or relay.url)
+    def open_login(url: str | None = None, forwarded_for: str | None = None) -> Login:
+        login = Login(url or relay.url, forwarded_for)
         opened.append(login)
         return login
 
@@ -203,6 +204,43 @@ async def test_repeated_failures_from_one_address_lock_it(
         assert (await login.log_in(f"guess-{index}", "guess"))[0] == 401
 
     assert (await login.log_in("ada", PASSWORD))[0] == 429
+
+
+async def test_behind_a_proxy_failures_lock_the_visitor_who_made_them_not_everyone(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    """A proxy on the relay's machine (loopback: trusted by default) says who each visitor is:
+    one visitor's failures lock that visitor, and the others behind the proxy still log in."""
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    guesser = logins(forwarded_for="203.0.113.5")
+    for index in range(MAX_ADDRESS_FAILURES):
+        assert (await guesser.log_in(f"guess-{index}", "guess"))[0] == 401
+
+    assert (await guesser.log_in("ada", PASSWORD))[0] == 429
+    assert (await logins(forwarded_for="198.51.100.7").log_in("ada", PASSWORD))[0] == 303
+
+
+async def test_an_untrusted_peer_cannot_shed_its_lock_by_naming_other_addresses(
+    tmp_path: Path,
+) -> None:
+    """X-Forwarded-For counts only from a trusted proxy: anyone else naming a new address each
+    time is still one address, and is locked out as one."""
+    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), trusted_proxies=["10.9.9.9"])
+    runner, port = await start_relay(config)
+    url = f"http://127.0.0.1:{port}"
+    opened: list[Login] = []
+    try:
+        await runner.app[RELAY].accounts.add_user("ada", PASSWORD)
+        for index in range(MAX_ADDRESS_FAILURES):
+            opened.append(Login(url, forwarded_for=f"203.0.113.{index}"))
+            assert (await opened[-1].log_in(f"guess-{index}", "guess"))[0] == 401
+
+        opened.append(Login(url, forwarded_for="198.51.100.7"))
+        assert (await opened[-1].log_in("ada", PASSWORD))[0] == 429
+    finally:
+        for login in opened:
+            await login.close()
+        await runner.cleanup()
 
 
 async def test_logging_out_ends_the_login_and_drops_its_connections(
