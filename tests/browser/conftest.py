@@ -97,7 +97,8 @@ async def page(relay: RelayHandle, request: pytest.FixtureRequest) -> AsyncItera
     """A blank page in a fresh context of a freshly launched headless Chromium.
 
     Not navigated yet (a test may install a fake clock first): use ``open_hangar``. Uncaught
-    JavaScript errors fail the test; a failing test leaves a screenshot in ``test-artifacts/``.
+    JavaScript errors, and anything the page's Content-Security-Policy refuses, fail the test; a
+    failing test leaves a screenshot in ``test-artifacts/``.
     """
     _require_browser()
     from playwright.async_api import async_playwright
@@ -112,6 +113,9 @@ async def page(relay: RelayHandle, request: pytest.FixtureRequest) -> AsyncItera
             opened = await context.new_page()
             errors: list[str] = []
             opened.on("pageerror", lambda error: errors.append(str(error)))
+            opened.on(
+                "console", lambda line: errors.extend(refused_by_policy(line.type, line.text))
+            )
             yield opened
             if _failed(request):
                 name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
@@ -121,6 +125,12 @@ async def page(relay: RelayHandle, request: pytest.FixtureRequest) -> AsyncItera
             await context.close()
         finally:
             await browser.close()
+
+
+def refused_by_policy(kind: str, text: str) -> list[str]:
+    """A console line saying the page's own Content-Security-Policy refused something: the
+    page would be missing a part of itself (a script, a style, a connection)."""
+    return [text] if kind == "error" and "Content Security Policy" in text else []
 
 
 @pytest.fixture

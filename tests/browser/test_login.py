@@ -13,7 +13,7 @@ from hangar.server.access import BAD_LOGIN
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from tests.browser.conftest import log_in
-from tests.conftest import Browser, RelayHandle
+from tests.conftest import Browser, RelayHandle, eventually
 
 pytestmark = pytest.mark.browser
 
@@ -116,6 +116,29 @@ async def test_a_page_from_another_origin_gets_nothing_from_the_relay(
     assert "open" not in seen and "close" in seen, seen
     assert "polling refused" in seen, seen
     assert not [item for item in seen if "secret" in item or "sessions" in item], seen
+
+
+async def test_no_other_page_can_frame_the_relays(page: Page, relay: RelayHandle) -> None:
+    """Another page framing the relay's (to trick a click on Cancel, or on the login form)
+    gets an empty frame: the relay says it is never framed."""
+    await log_in(page, relay, "victim")
+    framer = await page.context.new_page()  # its refusals are the point, not the page's errors
+    said: list[str] = []
+    framer.on("console", lambda line: said.append(line.text))
+
+    await framer.set_content(  # returns once the frames have loaded, or failed to
+        f'<iframe src="{relay.url}/"></iframe><iframe src="{relay.url}/login"></iframe>'
+    )
+
+    framed = framer.frames[1:]
+    assert len(framed) == 2
+    for frame in framed:
+        assert await frame.locator("#prompt, #password").count() == 0, frame.url
+    await eventually(
+        lambda: len([line for line in said if "frame-ancestors 'none'" in line]) == 2,
+        what="both frames refused",
+    )
+    await framer.close()
 
 
 async def test_the_demo_on_this_machine_logs_the_visitor_in_and_says_so(
