@@ -18,6 +18,9 @@ TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
 TOO_MANY_ANSWERS = "Too many approvals at once; try again in a moment."
 
 
+NOT_UNICODE = "Invalid payload (text that is not Unicode: half of a surrogate pair)."
+
+
 class PayloadError(ValueError):
     """A payload refused before validation; the message is the whole refusal."""
 
@@ -43,6 +46,8 @@ def refusal(error: Exception) -> str:
         return describe(error)
     if isinstance(error, PayloadError):
         return str(error)
+    if isinstance(error, UnicodeError):
+        return NOT_UNICODE
     return f"Invalid payload ({error})."
 
 

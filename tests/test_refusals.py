@@ -12,6 +12,7 @@ import pytest
 import socketio
 
 from bench.peers import OpenAIPeer, Reply
+from hangar.server.limits import NOT_UNICODE
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
@@ -156,6 +157,22 @@ async def test_malformed_browser_payloads_get_an_error_ack_and_change_nothing(
     assert ack["ok"] is False and ack["error"].startswith("Invalid payload")
     assert await relay.relay.store.list_sessions(browser_owner(relay)) == []
     assert await relay.relay.store.processing_turns() == []
+
+
+@pytest.mark.parametrize("event", ["submitWorkOrder", "renameSession", "listSessions"])
+async def test_text_that_is_not_unicode_is_refused_in_words_a_person_reads(
+    relay: RelayHandle, browser: Browser, event: str
+) -> None:
+    """A lone surrogate (JSON's "\\ud83d" with no pair) is no character: the answer says so,
+    not what a codec inside the relay said."""
+    half = "half an emoji \ud83d"
+    payload = {"prompt": half, "sessionId": "s_1", "title": half, "query": half}
+    keys = {"submitWorkOrder": ("prompt",), "renameSession": ("sessionId", "title")}
+
+    ack = await browser.call(event, {k: payload[k] for k in keys.get(event, ("query",))})
+
+    assert ack == {"ok": False, "error": NOT_UNICODE}
+    assert await relay.relay.store.list_sessions(browser_owner(relay)) == []
 
 
 @pytest.mark.parametrize("payload", ["nope", {"turnId": 7}, {"turnId": "a b"}, {"other": 1}])
