@@ -436,8 +436,10 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     backdrop.hidden = false;
     for (const el of behind()) if (el) el.inert = true;
     toggle.setAttribute("aria-expanded", "true");
+    // The open session, else the first: not the search field, whose focus would bring a
+    // phone's keyboard up over the list.
     const current = items.get(state.currentSessionId)?.querySelector(".session");
-    (current ?? search).focus({ preventScroll: false });
+    (current ?? panel.querySelector("#sessions .session") ?? closeButton).focus({ preventScroll: false });
     loadMoreIfShort();
   }
 

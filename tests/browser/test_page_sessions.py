@@ -226,6 +226,9 @@ async def test_a_phone_lists_whole_distinct_titles_in_a_drawer(
     await toggle.click()
 
     await expect(toggle).to_have_attribute("aria-expanded", "true")
+    # The keyboard goes to the list, not to the search field (a phone's keyboard would cover it).
+    await expect(page.locator("#sessions .session").first).to_be_focused()
+    await expect(page.locator("#sessions-search")).not_to_be_focused()
     for session_id, title in zip(ids, titles, strict=True):
         shown = item(page, session_id).locator(".session-title")
         await expect(shown).to_be_visible()
