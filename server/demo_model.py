@@ -46,7 +46,7 @@ TOOL_PROMPTS: list[tuple[str, str, dict[str, str]]] = [
 ]  # fmt: skip
 """Words in a prompt that make the demo model call a tool (first match wins), and the call."""
 TOOL_ANSWER = (
-    "[demo model] The tool {name} answered:\n\n```\n{result}\n```\n\n"
+    "[demo model] The tool {name} answered:\n\n{fence}\n{result}\n{fence}\n\n"
     "That is how a real model works with the drone's tools: it asks, the drone runs the tool "
     "(after your approval, where the drone's policy says to ask), and the result comes back."
 )
@@ -71,7 +71,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     call = _tool_call(prompt) if body.get("tools") and last.get("role") == "user" else None
     if last.get("role") == "tool":
         result = str(last.get("content") or "")[:600]
-        text = TOOL_ANSWER.format(name=_tool_name(messages, last), result=result)
+        # A fence longer than any run of backticks in the result: a sub-agent's answer with a
+        # code block of its own stays inside this one.
+        longest = max((len(run) for run in re.findall(r"`+", result)), default=0)
+        fence = "`" * max(3, longest + 1)
+        text = TOOL_ANSWER.format(name=_tool_name(messages, last), result=result, fence=fence)
     else:
         text = ANSWER.format(prompt=prompt[:200])
     words = re.findall(r"\S+\s*", text)

@@ -87,6 +87,8 @@ async def test_the_demo_model_calls_tools_that_ask_first_and_a_sub_agent(tmp_pat
         ack = await browser.submit("Delegate this to a sub-agent", sessionId=ack["sessionId"])
         _, success, message = await browser.completion(ack["turnId"], timeout=60)
         assert success is True and message.startswith("[demo model] The tool spawn_subagent")
+        # The sub-agent's answer has a code block of its own: the parent's fence is longer.
+        assert "\n````\n[demo model] The tool list_directory answered:\n\n```\n" in message
         listed = [
             p
             for p in browser.progress(ack["turnId"], "tool")
