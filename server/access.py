@@ -7,7 +7,7 @@
 - **Logins.** ``/login`` takes a user name and password and sets an HttpOnly, SameSite=Lax
   session cookie (Secure over HTTPS) naming a server-side login that expires; ``POST /logout``
   ends it. Failed logins are limited per user name and per address; every refusal says the same.
-  A request from a trusted proxy (``--trusted-proxy``; loopback by default) is from the address
+  A request from a trusted proxy (``--trusted-proxies``; none by default) is from the address
   its ``X-Forwarded-For`` names (the nearest one not itself a trusted proxy), so a proxy's
   visitors are limited each on their own, not all together as the proxy.
 - **Demo.** A relay started by ``hangar demo`` on a loopback address logs a local visitor in as
@@ -68,12 +68,29 @@ def _host_name(host: str) -> str:
 
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-LOOPBACK_PROXIES = ["127.0.0.1", "::1"]
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def networks(addresses: list[str]) -> list[Network]:
     """Addresses or networks (``10.0.0.0/8``) as networks; ValueError names a bad one."""
     return [ipaddress.ip_network(address.strip(), strict=False) for address in addresses]
+
+
+def ip_of(text: str) -> Address | None:
+    """The address in ``text`` (``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:80``, an IPv4-mapped
+    IPv6 address as its IPv4 one), or None."""
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1 : text.find("]")]
+    elif text.count(":") == 1:
+        text = text.split(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 class Access:
@@ -88,26 +105,25 @@ class Access:
         self.allowed_origins = {origin.rstrip("/") for origin in allowed_origins}
         self.demo_user = demo_user
         """The user a loopback visitor is logged in as, on a demo relay."""
-        self.proxies = networks(LOOPBACK_PROXIES if trusted_proxies is None else trusted_proxies)
+        self.proxies = networks(trusted_proxies or [])
 
     def client_address(self, request: web.BaseRequest) -> str:
-        """Who sent ``request``: its peer, or the address a trusted proxy says it forwards."""
-        address = request.remote or ""
-        if not self._proxy(address):
-            return address
+        """Who sent ``request``: its peer, or the address a trusted proxy says it forwards (the
+        nearest hop of ``X-Forwarded-For`` that is not a trusted proxy itself)."""
+        peer = ip_of(request.remote or "")
+        if peer is None or not self._proxy(peer):
+            return request.remote or ""
         hops = ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")
-        for hop in reversed([h.strip() for h in hops if h.strip()]):
-            address = hop
-            if not self._proxy(hop):
-                break
-        return address
+        for hop in reversed([h for h in hops if h.strip()]):
+            address = ip_of(hop)
+            if address is None:
+                break  # not an address: the proxy's own is all that is known
+            if not self._proxy(address):
+                return str(address)
+        return str(peer)
 
-    def _proxy(self, address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in network for network in self.proxies)
+    def _proxy(self, address: Address) -> bool:
+        return any(address in network for network in self.proxies)
 
     # ---- origins
 

@@ -55,7 +55,7 @@ class RelayConfig:
     allowed_origins: list[str] = field(default_factory=list)
     """Origins besides the relay's own that may use it (a proxy's public address)."""
     trusted_proxies: list[str] | None = None
-    """Proxies whose ``X-Forwarded-For`` names who a request is from; None: loopback only."""
+    """Proxies whose ``X-Forwarded-For`` names who a request is from (none by default)."""
     demo_user: str | None = None
     """On a demo relay: the user a visitor on this machine is logged in as."""
     abort_grace: float = 10.0

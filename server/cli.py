@@ -25,7 +25,7 @@ from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import add_log_level, add_setting, directory, port, seconds, url
 
-from .access import LOOPBACK_PROXIES, is_loopback, networks
+from .access import is_loopback, networks
 from .accounts import Accounts
 from .app import RELAY, SHUTDOWN_WAIT, RelayConfig, build_app, open_store
 from .demo_model import DEMO_MODEL, DEMO_PATH
@@ -141,11 +141,11 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         command,
         "--trusted-proxies",
         env="HANGAR_TRUSTED_PROXIES",
-        default=",".join(LOOPBACK_PROXIES),
+        default="",
         check=proxies,
         help="the proxies (addresses or networks, comma-separated) whose X-Forwarded-For says "
         "who a request is from, so failed logins are limited per visitor, not per proxy "
-        "(HANGAR_TRUSTED_PROXIES; default %(default)s; empty: none)",
+        "(HANGAR_TRUSTED_PROXIES; default: none)",
     )
     add_setting(
         command,

@@ -5,9 +5,10 @@ everyone's; drones by their own tokens, bound to their identity."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,8 @@ class Login:
 async def logins(relay: RelayHandle) -> Any:
     opened: list[Login] = []
 
-    def open_login(url: str | None = None, forwarded_for: str | None = None) -> Login:
-        login = Login(url or relay.url, forwarded_for)
+    def open_login(url: str | None = None) -> Login:
+        login = Login(url or relay.url)
         opened.append(login)
         return login
 
@@ -206,41 +207,56 @@ async def test_repeated_failures_from_one_address_lock_it(
     assert (await login.log_in("ada", PASSWORD))[0] == 429
 
 
-async def test_behind_a_proxy_failures_lock_the_visitor_who_made_them_not_everyone(
-    relay: RelayHandle, logins: Callable[..., Login]
-) -> None:
-    """A proxy on the relay's machine (loopback: trusted by default) says who each visitor is:
-    one visitor's failures lock that visitor, and the others behind the proxy still log in."""
-    await relay.relay.accounts.add_user("ada", PASSWORD)
-    guesser = logins(forwarded_for="203.0.113.5")
-    for index in range(MAX_ADDRESS_FAILURES):
-        assert (await guesser.log_in(f"guess-{index}", "guess"))[0] == 401
-
-    assert (await guesser.log_in("ada", PASSWORD))[0] == 429
-    assert (await logins(forwarded_for="198.51.100.7").log_in("ada", PASSWORD))[0] == 303
-
-
-async def test_an_untrusted_peer_cannot_shed_its_lock_by_naming_other_addresses(
-    tmp_path: Path,
-) -> None:
-    """X-Forwarded-For counts only from a trusted proxy: anyone else naming a new address each
-    time is still one address, and is locked out as one."""
-    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), trusted_proxies=["10.9.9.9"])
+@contextlib.asynccontextmanager
+async def relay_trusting(tmp_path: Path, proxies: list[str]) -> AsyncIterator[str]:
+    """A relay (its URL) that trusts ``proxies``' X-Forwarded-For, with the person ada."""
+    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), trusted_proxies=proxies)
     runner, port = await start_relay(config)
-    url = f"http://127.0.0.1:{port}"
-    opened: list[Login] = []
     try:
         await runner.app[RELAY].accounts.add_user("ada", PASSWORD)
-        for index in range(MAX_ADDRESS_FAILURES):
-            opened.append(Login(url, forwarded_for=f"203.0.113.{index}"))
-            assert (await opened[-1].log_in(f"guess-{index}", "guess"))[0] == 401
-
-        opened.append(Login(url, forwarded_for="198.51.100.7"))
-        assert (await opened[-1].log_in("ada", PASSWORD))[0] == 429
+        yield f"http://127.0.0.1:{port}"
     finally:
-        for login in opened:
-            await login.close()
         await runner.cleanup()
+
+
+async def test_behind_a_proxy_failures_lock_the_visitor_who_made_them_not_everyone(
+    tmp_path: Path,
+) -> None:
+    """A proxy on the relay's machine, trusted, says who each visitor is (with or without the
+    port it saw): one visitor's failures lock that visitor, and the others behind the proxy
+    still log in."""
+    async with relay_trusting(tmp_path, ["127.0.0.1"]) as url:
+        guesser = Login(url, forwarded_for="198.51.100.9, 203.0.113.5:40123")
+        other = Login(url, forwarded_for="198.51.100.7")
+        try:
+            for index in range(MAX_ADDRESS_FAILURES):
+                assert (await guesser.log_in(f"guess-{index}", "guess"))[0] == 401
+
+            assert (await guesser.log_in("ada", PASSWORD))[0] == 429
+            assert (await other.log_in("ada", PASSWORD))[0] == 303
+        finally:
+            for login in (guesser, other):
+                await login.close()
+
+
+@pytest.mark.parametrize("trusted", [[], ["10.9.9.9"]], ids=["by default", "another proxy"])
+async def test_an_untrusted_peer_cannot_shed_its_lock_by_naming_other_addresses(
+    tmp_path: Path, trusted: list[str]
+) -> None:
+    """X-Forwarded-For counts only from a trusted proxy (none by default): anyone else naming a
+    new address each time is still one address, and is locked out as one."""
+    async with relay_trusting(tmp_path, trusted) as url:
+        opened: list[Login] = []
+        try:
+            for index in range(MAX_ADDRESS_FAILURES):
+                opened.append(Login(url, forwarded_for=f"203.0.113.{index}"))
+                assert (await opened[-1].log_in(f"guess-{index}", "guess"))[0] == 401
+
+            opened.append(Login(url, forwarded_for="198.51.100.7"))
+            assert (await opened[-1].log_in("ada", PASSWORD))[0] == 429
+        finally:
+            for login in opened:
+                await login.close()
 
 
 async def test_logging_out_ends_the_login_and_drops_its_connections(
