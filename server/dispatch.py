@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from functools import partial
 from typing import Any, Protocol
 
@@ -49,7 +49,8 @@ LEFT = "The drone left before it accepted the work order."
 (should it have taken it after all, it is told to abort it when it reconnects)."""
 REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy, or left, this many times ends in error instead of waiting
-again (a drone that is stopping does not count: it is going, the others may take it)."""
+again (a drone that is stopping does not count: it gets no more work, the others may take it)."""
+REMEMBERED_STOPPING = 1000
 COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
@@ -92,6 +93,9 @@ class Dispatcher:
         self._lock = asyncio.Lock()
         self._woken = False
         self._cooling: dict[str, float] = {}
+        self._stopping: OrderedDict[str, None] = OrderedDict()
+        """The instances of drones that said they are stopping: given nothing until they are
+        gone (a drone started again under its name is a new instance)."""
         self._refusals: Counter[str] = Counter()
         self._announced: dict[str, Place] = {}
         self._announce_pending = False
@@ -127,6 +131,7 @@ class Dispatcher:
             route.drone_id: route.concurrency
             for route in await self.live_state.drones()
             if self._cooling.get(route.drone_id, 0.0) <= now
+            and route.instance not in self._stopping
         }
 
     async def _start(self, turn: TurnRecord) -> None:
@@ -185,11 +190,16 @@ class Dispatcher:
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
             log.info("work order turn=%s ran on its first sending", turn.turn_id)
             return
+        if reason == DRONE_STOPPING:  # it takes no more work until it is gone
+            self._stopping[route.instance] = None
+            while len(self._stopping) > REMEMBERED_STOPPING:
+                self._stopping.popitem(last=False)
         if reason in (DRONE_BUSY, LEFT, DRONE_STOPPING):
             await self._back_in_line(turn, reason)
             return
-        refusal = reason or "The drone refused the work order."
-        await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
+        if not await self._aborted_instead(turn.turn_id, back=False):  # its abort was asked
+            refusal = reason or "The drone refused the work order."
+            await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
 
     async def _send(self, order: WorkOrder, route: DroneRoute) -> Any:
         log.info(

@@ -190,8 +190,8 @@ class TurnLifecycle(TurnEndings):
             turn = await self.store.get_turn(turn.turn_id, messages=False) or turn  # it started
         if turn.status != "processing":
             return False, NO_ACTIVE_WORK_ORDER
-        self.abort_asked_by[turn.turn_id] = viewer.name
-        self.dispatcher.background.spawn(queue.request_abort(self.store, turn.turn_id, viewer.name))
+        if request.mode == "now":  # "after this step" once the drone says it will
+            self._asked(turn.turn_id, viewer)
         route = self.directory.here(turn.drone_id or "") or (
             await self.live_state.drone_settled(turn.drone_id, self.abort_answer)
             if turn.drone_id
@@ -243,6 +243,12 @@ class TurnLifecycle(TurnEndings):
             return UNKNOWN_TURN
         return turn
 
+    def _asked(self, turn_id: str, viewer: User) -> None:
+        """Keep that ``viewer`` asked to stop the turn: it ends aborted whatever else ends it,
+        naming them (the store's note reaches every relay)."""
+        self.abort_asked_by[turn_id] = viewer.name
+        self.dispatcher.background.spawn(queue.request_abort(self.store, turn_id, viewer.name))
+
     @staticmethod
     def _unanswered(viewer: User) -> Ending:
         return Ending("aborted", ABORTED, "unanswered", ended_by=viewer.name)
@@ -292,6 +298,7 @@ class TurnLifecycle(TurnEndings):
         if mode == "now" and (success or message == NO_ACTIVE_WORK_ORDER):
             self.reaper.watch_abort(turn_id)
         elif success and message == STOP_AFTER_STEP:  # every tab shows it stops after its step
+            self._asked(turn_id, viewer)
             stopping = {"turnId": turn_id, "sessionId": turn.session_id}
             await self.rooms.to_session(turn.session_id, TURN_STOPPING, stopping)
         return success, message

@@ -22,6 +22,7 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
     DRONE_STOPPING,
+    NO_ACTIVE_WORK_ORDER,
     STOP_AFTER_STEP,
     TOOL_CANCELLED,
 )
@@ -200,22 +201,24 @@ class TardyDrone:
         return await asyncio.shield(self.answer)
 
     async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
+        if order.get("mode") == "after_step":  # as a drone answers for an order not arrived
+            return False, NO_ACTIVE_WORK_ORDER
         return True, ABORT_SIGNALED
 
     async def close(self) -> None:
+        await self.sio.disconnect()  # first: the held answer never reaches the relay
         if not self.answer.done():
             self.answer.set_result({"ok": False, "error": "gone"})
-        await self.sio.disconnect()
 
 
-@pytest.mark.parametrize("then", ["busy", "gone"])
+@pytest.mark.parametrize("then", ["busy", "gone", "refuses"])
 async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_sent_again(
     relay: RelayHandle, browsers: Any, then: str
 ) -> None:
     """The person is told "Abort signaled" while the work order is on its way; then the drone
-    says it is busy, or leaves before it answers. The turn ends aborted by that person, at
-    once, and no drone is sent it again (docs/protocol.md: a turn whose abort was asked ends
-    aborted whatever else ends it)."""
+    says it is busy, refuses it, or leaves before it answers. The turn ends aborted by that
+    person, at once, and no drone is sent it again (docs/protocol.md: a turn whose abort was
+    asked ends aborted whatever else ends it)."""
     browser = await browsers("ada")
     tardy = await TardyDrone().connect(relay.url, "tardy-1")
     spare = TardyDrone()
@@ -228,6 +231,8 @@ async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_s
         assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
         if then == "busy":
             tardy.answer.set_result({"ok": False, "error": "The drone is busy."})
+        elif then == "refuses":
+            tardy.answer.set_result({"ok": False, "error": "The drone cannot run this."})
         else:
             await tardy.close()
 
@@ -243,6 +248,38 @@ async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_s
     finally:
         for drone in (tardy, spare):
             await drone.close()
+
+
+async def test_stop_after_this_step_before_the_drone_has_the_order_changes_nothing(
+    relay: RelayHandle, browsers: Any
+) -> None:
+    """Asked before the drone has the order, "stop after this step" is answered as the drone
+    answers it (nothing to stop yet) and is not kept: the turn then runs, shows as not
+    stopping, and ends as its drone says."""
+    browser = await browsers("ada")
+    tardy = await TardyDrone().connect(relay.url, "tardy-1")
+    try:
+        await eventually(lambda: relay.relay.directory.local, what="the drone")
+        ack = await browser.submit("Hello")
+        turn_id = ack["turnId"]
+        assert await asyncio.wait_for(tardy.orders.get(), 5) == turn_id
+        gentle = await browser.call("abortWorkOrder", {"turnId": turn_id, "mode": "after_step"})
+        assert gentle == (False, NO_ACTIVE_WORK_ORDER)
+
+        tardy.answer.set_result({"ok": True})
+        await eventually(lambda: turn_id in relay.relay.turns.accepted, what="the order taken")
+
+        opened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
+        assert [(t["status"], t["stopping"]) for t in opened["turns"]] == [("processing", False)]
+        ending = {"reason": "finished"}
+        done = await tardy.sio.call(
+            "workOrderComplete", (turn_id, True, "Hi", ending), namespace=DRONE_NAMESPACE
+        )
+        assert done == {"ok": True}
+        assert await browser.completion(turn_id) == (turn_id, True, "Hi")
+        assert "endedBy" not in await browser.ending(turn_id)
+    finally:
+        await tardy.close()
 
 
 async def test_a_turn_a_stopping_drone_refuses_waits_for_another_drone(
