@@ -18,7 +18,7 @@ TOO_MANY_ABORTS = "Too many aborts at once; try again in a moment."
 TOO_MANY_ANSWERS = "Too many approvals at once; try again in a moment."
 
 
-NOT_UNICODE = "Invalid payload (text that is not Unicode: half of a surrogate pair)."
+NOT_UNICODE = "Invalid payload (text that is not valid Unicode, such as half of a surrogate pair)."
 
 
 class PayloadError(ValueError):

@@ -26,7 +26,8 @@ from .limits import QuietLog
 
 CLOSE_WITHIN = 1.0
 """Seconds a closing websocket waits for the peer's answer before its connection is cut."""
-failures = QuietLog(logging.getLogger("hangar.relay"))
+log = logging.getLogger("hangar.relay")
+failures = QuietLog(log)
 
 
 class PromptCloseWebSocket(aiohttp_driver.WebSocket):  # type: ignore[misc]
@@ -43,6 +44,7 @@ class PromptCloseWebSocket(aiohttp_driver.WebSocket):  # type: ignore[misc]
         try:
             await self._sock.prepare(request)
         except ConnectionResetError:  # the client left before its upgrade was answered
+            log.debug("a websocket's client left before it opened")
             sock = self.handler.__self__
             await sock.close(wait=False, abort=True, reason=sock.server.reason.TRANSPORT_CLOSE)
             return web.Response()  # nobody reads it: aiohttp takes a peer that is gone quietly
