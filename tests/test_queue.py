@@ -286,7 +286,8 @@ async def test_a_turn_a_stopping_drone_refuses_waits_for_another_drone(
     relay: RelayHandle, browsers: Any
 ) -> None:
     """A drone shutting down (Ctrl-C) refuses the order it was just sent: the turn waits in
-    line and goes to another drone, instead of failing (docs/protocol.md, ``workOrder``)."""
+    line and goes to another drone, instead of failing, and the stopping drone is given no
+    more work while it is still connected (docs/protocol.md, ``workOrder``)."""
     browser = await browsers("ada")
     stopping = await TardyDrone().connect(relay.url, "stopping-1")
     spare = TardyDrone()
@@ -302,6 +303,11 @@ async def test_a_turn_a_stopping_drone_refuses_waits_for_another_drone(
         assert await asyncio.wait_for(spare.orders.get(), 5) == turn_id
         assert browser.completions(turn_id) == []
         assert await status_of(relay, turn_id) == "processing"
+
+        waits = (await browser.submit("And this?"))["turnId"]  # the spare is full: it waits
+        with pytest.raises(TimeoutError):  # past the second a busy drone is spared, and more
+            await asyncio.wait_for(stopping.orders.get(), 2.5)
+        assert await status_of(relay, waits) == "queued"
     finally:
         for drone in (stopping, spare):
             await drone.close()
