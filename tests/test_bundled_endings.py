@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import socketio
-from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import DRONE_NAMESPACE
+from tests.bare_relay import BareRelay
 from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, drone_hello, eventually
 
 
@@ -128,23 +128,14 @@ async def test_a_completion_carrying_a_bad_message_is_refused_whole_and_loses_no
     assert await stored(browser, ack["sessionId"]) == ESSAY
 
 
-class OlderRelay:
+class OlderRelay(BareRelay):
     """A relay of before bundles, on ``/drone`` only: it refuses a completion with messages (its
     ``Ending`` has no such field) and takes messages and completions one at a time."""
 
     def __init__(self) -> None:
-        self.sio = socketio.AsyncServer(async_mode="aiohttp")
-        self.app = web.Application()
-        self.sio.attach(self.app)
-        self.drone: str | None = None
+        super().__init__()
         self.received: list[tuple[str, Any]] = []
         self.ended = asyncio.Event()
-        self.sio.on("connect", self.on_connect, namespace=DRONE_NAMESPACE)
-        self.sio.on("workOrderProgress", self.on_progress, namespace=DRONE_NAMESPACE)
-        self.sio.on("workOrderComplete", self.on_complete, namespace=DRONE_NAMESPACE)
-
-    async def on_connect(self, sid: str, environ: Any, auth: Any) -> None:
-        self.drone = sid
 
     async def on_progress(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:
         if data["kind"] == "message":
@@ -165,11 +156,7 @@ async def test_a_drone_whose_relay_refuses_bundles_sends_them_one_at_a_time(
     openai_peer: OpenAIPeer, tmp_path: Any, workers: int
 ) -> None:
     older = OlderRelay()
-    runner = web.AppRunner(older.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    port = await older.start()
     config = DroneConfig(
         server=f"http://127.0.0.1:{port}",
         token=DRONE_TOKEN,
@@ -200,4 +187,4 @@ async def test_a_drone_whose_relay_refuses_bundles_sends_them_one_at_a_time(
     finally:
         root.abort(AbortError("The test is over.", cause="operator"))
         await asyncio.wait_for(drone, 10)
-        await runner.cleanup()
+        await older.runner.cleanup()

@@ -16,8 +16,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-import socketio
-from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import OwnPostgres, OwnRedis, free_port
@@ -42,6 +40,7 @@ from hangar.shared.protocol import (
     TOOL_CANCELLED,
     TOOL_LOST,
 )
+from tests.bare_relay import BareRelay
 from tests.browser.hand_drone import HandDrone
 from tests.conftest import (
     DRONE_TOKEN,
@@ -803,46 +802,6 @@ async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_
         await browser.close()
     finally:
         await runner.cleanup()
-
-
-class BareRelay:
-    """A relay of the bare protocol on ``/drone``, for one real drone: it takes what the drone
-    sends and keeps its completions. Started and stopped by the test, on one port."""
-
-    def __init__(self) -> None:
-        self.sio = socketio.AsyncServer(async_mode="aiohttp")
-        self.app = web.Application()
-        self.sio.attach(self.app)
-        self.runner = web.AppRunner(self.app)
-        self.drone: str | None = None
-        self.completions: list[tuple[Any, ...]] = []
-        self.completed = asyncio.Event()
-        self.sio.on("connect", self.on_connect, namespace=DRONE_NAMESPACE)
-        self.sio.on("workOrderProgress", self.on_progress, namespace=DRONE_NAMESPACE)
-        self.sio.on("workOrderComplete", self.on_complete, namespace=DRONE_NAMESPACE)
-
-    async def start(self, port: int = 0) -> int:
-        await self.runner.setup()
-        self.site = web.TCPSite(self.runner, "127.0.0.1", port)
-        await self.site.start()
-        return int(self.runner.addresses[0][1])
-
-    async def vanish(self) -> None:
-        """Take no more connections, and drop the drone's."""
-        await self.site.stop()
-        assert self.drone is not None
-        await self.sio.disconnect(self.drone, namespace=DRONE_NAMESPACE)
-
-    async def on_connect(self, sid: str, environ: Any, auth: Any) -> None:
-        self.drone = sid
-
-    async def on_progress(self, sid: str, data: Any) -> dict[str, Any]:
-        return {"ok": True}
-
-    async def on_complete(self, sid: str, *args: Any) -> dict[str, Any]:
-        self.completions.append(args)
-        self.completed.set()
-        return {"ok": True}
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in the drone", "in a worker process"])

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import socketio
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.app import RELAY, RelayConfig
@@ -26,13 +25,13 @@ from hangar.shared.protocol import (
     STOP_AFTER_STEP,
     TOOL_CANCELLED,
 )
+from tests.browser.hand_drone import HandDrone
 from tests.conftest import (
     DRONE_TOKEN,
     Browser,
     People,
     RelayHandle,
     Upstream,
-    drone_hello,
     eventually,
 )
 
@@ -178,35 +177,28 @@ async def test_an_abort_racing_the_dispatch_is_never_lost(
     assert all(not r.completed for r in openai_peer.requests)
 
 
-class TardyDrone:
+class TardyDrone(HandDrone):
     """A hand-driven drone that answers an abort at once ("Abort signaled", as a drone does for
     a work order still on its way to it) but answers a work order only when the test says."""
 
-    def __init__(self) -> None:
-        self.sio = socketio.AsyncClient(reconnection=False)
-        self.orders: asyncio.Queue[str] = asyncio.Queue()
+    def __init__(self, url: str, drone_id: str) -> None:
+        super().__init__(url, drone_id)
         self.answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
-        self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
 
-    async def connect(self, url: str, drone_id: str) -> TardyDrone:
-        hello = drone_hello(drone_id)
-        await self.sio.connect(
-            url, namespaces=[DRONE_NAMESPACE], transports=["websocket"], auth=hello
-        )
-        return self
+    async def connect(self) -> TardyDrone:
+        return await self.__aenter__()
 
-    async def on_work_order(self, order: dict[str, Any]) -> dict[str, Any]:
-        self.orders.put_nowait(order["turnId"])
+    async def _order(self, data: dict[str, Any]) -> dict[str, Any]:
+        await self.orders.put(data)
         return await asyncio.shield(self.answer)
 
-    async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
-        if order.get("mode") == "after_step":  # as a drone answers for an order not arrived
+    async def _abort(self, data: dict[str, Any]) -> tuple[bool, str]:
+        if data.get("mode") == "after_step":  # as a drone answers for an order not arrived
             return False, NO_ACTIVE_WORK_ORDER
-        return True, ABORT_SIGNALED
+        return await super()._abort(data)
 
     async def close(self) -> None:
-        await self.sio.disconnect()  # first: the held answer never reaches the relay
+        await self.__aexit__(None, None, None)  # first: the held answer never reaches the relay
         if not self.answer.done():
             self.answer.set_result({"ok": False, "error": "gone"})
 
@@ -220,13 +212,13 @@ async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_s
     person, at once, and no drone is sent it again (docs/protocol.md: a turn whose abort was
     asked ends aborted whatever else ends it)."""
     browser = await browsers("ada")
-    tardy = await TardyDrone().connect(relay.url, "tardy-1")
-    spare = TardyDrone()
+    tardy = await TardyDrone(relay.url, "tardy-1").connect()
+    spare = TardyDrone(relay.url, "spare-1")
     try:
         await eventually(lambda: relay.relay.directory.local, what="the drone")
         turn_id = (await browser.submit("Hello"))["turnId"]
-        assert await asyncio.wait_for(tardy.orders.get(), 5) == turn_id
-        await spare.connect(relay.url, "spare-1")  # room for the turn, were it back in line
+        assert await tardy.next_order() == turn_id
+        await spare.connect()  # room for the turn, were it back in line
         await eventually(lambda: len(relay.relay.directory.local) == 2, what="the spare drone")
         assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
         if then == "busy":
@@ -257,12 +249,12 @@ async def test_stop_after_this_step_before_the_drone_has_the_order_changes_nothi
     answers it (nothing to stop yet) and is not kept: the turn then runs, shows as not
     stopping, and ends as its drone says."""
     browser = await browsers("ada")
-    tardy = await TardyDrone().connect(relay.url, "tardy-1")
+    tardy = await TardyDrone(relay.url, "tardy-1").connect()
     try:
         await eventually(lambda: relay.relay.directory.local, what="the drone")
         ack = await browser.submit("Hello")
         turn_id = ack["turnId"]
-        assert await asyncio.wait_for(tardy.orders.get(), 5) == turn_id
+        assert await tardy.next_order() == turn_id
         gentle = await browser.call("abortWorkOrder", {"turnId": turn_id, "mode": "after_step"})
         assert gentle == (False, NO_ACTIVE_WORK_ORDER)
 
@@ -272,7 +264,7 @@ async def test_stop_after_this_step_before_the_drone_has_the_order_changes_nothi
         opened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
         assert [(t["status"], t["stopping"]) for t in opened["turns"]] == [("processing", False)]
         ending = {"reason": "finished"}
-        done = await tardy.sio.call(
+        done = await tardy.client.call(
             "workOrderComplete", (turn_id, True, "Hi", ending), namespace=DRONE_NAMESPACE
         )
         assert done == {"ok": True}
@@ -289,18 +281,18 @@ async def test_a_turn_a_stopping_drone_refuses_waits_for_another_drone(
     line and goes to another drone, instead of failing, and the stopping drone is given no
     more work while it is still connected (docs/protocol.md, ``workOrder``)."""
     browser = await browsers("ada")
-    stopping = await TardyDrone().connect(relay.url, "stopping-1")
-    spare = TardyDrone()
+    stopping = await TardyDrone(relay.url, "stopping-1").connect()
+    spare = TardyDrone(relay.url, "spare-1")
     try:
         await eventually(lambda: relay.relay.directory.local, what="the drone")
         turn_id = (await browser.submit("Hello"))["turnId"]
-        assert await asyncio.wait_for(stopping.orders.get(), 5) == turn_id
-        await spare.connect(relay.url, "spare-1")
+        assert await stopping.next_order() == turn_id
+        await spare.connect()
         await eventually(lambda: len(relay.relay.directory.local) == 2, what="the spare drone")
 
         stopping.answer.set_result({"ok": False, "error": DRONE_STOPPING})
 
-        assert await asyncio.wait_for(spare.orders.get(), 5) == turn_id
+        assert await spare.next_order() == turn_id
         assert browser.completions(turn_id) == []
         assert await status_of(relay, turn_id) == "processing"
 
