@@ -3,10 +3,10 @@ A member sees and aborts only their own turns; an admin, everyone's."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import socketio
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hangar.shared.protocol import (
     DRONES,
@@ -40,6 +40,14 @@ from .rooms import owner_room
 
 TOO_MANY_SESSION_CHANGES = "Too many renames and deletions at once; try again in a moment."
 
+Request = TypeVar("Request", bound=BaseModel)
+
+
+def payload(model: type[Request], args: tuple[Any, ...]) -> Request:
+    """An event's one payload as ``model``, strictly: a value of the wrong JSON type (``"5"``
+    for a number, ``"yes"`` for true) is refused, not converted."""
+    return model.model_validate(one_payload(args, MAX_EVENT_BYTES), strict=True)
+
 
 class BrowserConnection:
     """One browser connection of a person."""
@@ -58,7 +66,7 @@ class BrowserConnection:
 
     async def on_submit_work_order(self, *args: Any) -> dict[str, Any]:
         try:
-            request = SubmitWorkOrder.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(SubmitWorkOrder, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         if not self.submits.allow():
@@ -67,7 +75,7 @@ class BrowserConnection:
 
     async def on_abort_work_order(self, *args: Any) -> tuple[bool, str]:
         try:
-            request = AbortWorkOrderRequest.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(AbortWorkOrderRequest, args)
         except (ValidationError, ValueError) as error:
             return False, refusal(error)
         if not self.aborts.allow():
@@ -76,7 +84,7 @@ class BrowserConnection:
 
     async def on_approve_tool_call(self, *args: Any) -> dict[str, Any]:
         try:
-            answer = ToolApproval.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            answer = payload(ToolApproval, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         if not self.answers.allow():
@@ -85,21 +93,21 @@ class BrowserConnection:
 
     async def on_open_session(self, *args: Any) -> dict[str, Any]:
         try:
-            request = OpenSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(OpenSession, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         return await self.relay.rooms.open_session(self.user, self.sid, request)
 
     async def on_list_sessions(self, *args: Any) -> dict[str, Any]:
         try:
-            request = ListSessions.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(ListSessions, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         return await self.relay.rooms.session_page(self.user, request)
 
     async def on_rename_session(self, *args: Any) -> dict[str, Any]:
         try:
-            request = RenameSession.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(RenameSession, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         if not self.session_changes.allow():
@@ -108,7 +116,7 @@ class BrowserConnection:
 
     async def on_delete_session(self, *args: Any) -> dict[str, Any]:
         try:
-            request = SessionRef.model_validate(one_payload(args, MAX_EVENT_BYTES))
+            request = payload(SessionRef, args)
         except (ValidationError, ValueError) as error:
             return {"ok": False, "error": refusal(error)}
         if not self.session_changes.allow():

@@ -147,6 +147,13 @@ async def test_abort_of_an_unknown_turn_is_refused(relay: RelayHandle, browser: 
         ("submitWorkOrder", {"prompt": "x" * 100_001}),
         ("openSession", {}),
         ("openSession", [1, 2]),
+        # A value of the wrong JSON type is refused, not converted.
+        ("listSessions", {"limit": "5"}),
+        ("listSessions", {"limit": 5.0}),
+        ("listSessions", {"everyone": "true"}),
+        ("listSessions", {"everyone": 1}),
+        ("openSession", {"sessionId": "s_1", "limit": "5"}),
+        ("submitWorkOrder", {"prompt": "hi", "sessionId": 12345}),
     ],
 )
 async def test_malformed_browser_payloads_get_an_error_ack_and_change_nothing(
