@@ -235,12 +235,32 @@ async def secure_headers(request: web.Request, response: web.StreamResponse) -> 
         response.headers.setdefault(name, value)
 
 
+PAGE_FILES = (".html", ".js", ".css")
+"""What ``/static/`` serves of the page's folder and its ``vendor/``: what the package ships
+(``pyproject.toml``), never the rest of a checkout's ``web/`` (npm's tree, its manifests)."""
+
+
 def add_static(app: web.Application, page_dir: Path) -> None:
     """Serve the page's modules and vendored libraries under ``/static/``."""
-    if (page_dir / "index.html").exists():
-        if not (page_dir / "vendor").is_dir():
-            log.warning("the page's libraries are missing from %s/vendor: run make", page_dir)
-        app.router.add_static("/static/", page_dir, follow_symlinks=False)
+    if not (page_dir / "index.html").exists():
+        return
+    if not (page_dir / "vendor").is_dir():
+        log.warning("the page's libraries are missing from %s/vendor: run make", page_dir)
+
+    async def page_file(request: web.Request) -> web.FileResponse:
+        name = request.match_info["name"]
+        path = page_dir / request.match_info.get("folder", "") / name
+        if (
+            "/" in name  # an escaped slash, %2F
+            or name.startswith(".")
+            or not name.endswith(PAGE_FILES)
+            or not path.is_file()
+        ):
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    app.router.add_get("/static/{name}", page_file)
+    app.router.add_get("/static/{folder:vendor}/{name}", page_file)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -107,6 +107,35 @@ async def test_a_connection_without_a_login_is_refused_with_a_reason(relay: Rela
         assert page.status == 303 and page.headers["Location"] == "/login"
 
 
+async def test_static_serves_the_pages_files_and_nothing_else_of_its_folder(
+    relay: RelayHandle,
+) -> None:
+    """What ``/static/`` serves is what the installed package ships (the page's modules, styles
+    and vendored libraries), also from a checkout whose ``web/`` holds npm's tree and more."""
+    served = ("/static/app.js", "/static/style.css", "/static/vendor/marked.esm.js")
+    hidden = (
+        "/static/package.json",
+        "/static/package-lock.json",
+        "/static/vendor.txt",
+        "/static/__init__.py",
+        "/static/node_modules/marked/package.json",
+        "/static/node_modules/.package-lock.json",
+        "/static/vendor/.copied",
+        "/static/%2e%2e/pyproject.toml",
+        "/static/node_modules%2Fmarked%2Flib%2Fmarked.esm.js",
+        "/static/vendor/..%2F..%2Fweb%2Fapp.js",
+        "/static/",
+    )
+    async with aiohttp.ClientSession() as http:
+        for path in served:
+            async with http.get(relay.url + path) as response:
+                assert response.status == 200, path
+                assert response.headers["X-Content-Type-Options"] == "nosniff"
+        for path in hidden:
+            async with http.get(relay.url + path) as response:
+                assert response.status == 404, path
+
+
 async def test_only_the_ide_and_drone_namespaces_accept_connections(relay: RelayHandle) -> None:
     token = await relay.people.token()
     for namespace in ("/", "/admin"):
