@@ -151,7 +151,9 @@ async def test_a_sandboxed_command_sees_no_home_no_drone_files_and_no_drone_envi
     hidden += ["/var", "/run", "/opt", "/srv", "/mnt", "/sys"]
     checks = "; ".join(f"test -e {path} && echo present: {path}" for path in hidden)
     try:
-        result = await shell(workdir, f"{checks}; cat {secret} 2>&1; env", sandbox)
+        # Every process in the sandbox: the command's, and bwrap's own (PID 1 there).
+        environments = "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done"
+        result = await shell(workdir, f"{checks}; cat {secret} 2>&1; env; {environments}", sandbox)
     finally:
         secret.unlink()
 

@@ -126,6 +126,13 @@ class Sandbox:
         ]  # fmt: skip
         return [*args, *self.limits.prlimit(), "/bin/sh", "-c", command]
 
+    @property
+    def environment(self) -> dict[str, str]:
+        """bwrap's own environment: none of the drone's. bwrap stays in the sandbox as its
+        PID 1, and its ``/proc/1/environ`` is readable there (``--clearenv`` is for the
+        command's)."""
+        return {"PATH": PATH}
+
     def describe(self, *, network: bool) -> str:
         reach = "with network" if network else "no network"
         return f"Shell commands run in a bubblewrap sandbox (work directory writable, {reach})."
@@ -151,6 +158,9 @@ class Unconfined:
             shell = ["/bin/sh", "-c", command]
         limits = self.limits.prlimit(count_processes=self.pid_namespace)
         return [*self.reaper, *limits, *shell]
+
+    environment = None
+    """The drone's own (``None``: inherited)."""
 
     def describe(self) -> str:
         """How commands are tied to their end, for the operator and the benchmark."""

@@ -47,6 +47,7 @@ async def run_shell(
         process = await asyncio.create_subprocess_exec(
             *argv,
             cwd=workdir,
+            env=place.environment,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
