@@ -4,7 +4,10 @@ file tools refuse what could lead outside the work directory (hard links, FIFOs,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -12,9 +15,15 @@ from typing import TypeVar
 import pytest
 
 from hangar.drone.tools import ToolError
-from hangar.drone.tools.files import read_file, write_file
+from hangar.drone.tools.files import (
+    MAX_ENTRIES,
+    MAX_SCANNED,
+    list_directory,
+    read_file,
+    write_file,
+)
 from hangar.drone.tools.shell import run_shell
-from hangar.shared.abort import AbortController
+from hangar.shared.abort import AbortController, AbortError
 
 T = TypeVar("T")
 GIGABYTE = 1_000_000_000
@@ -49,6 +58,15 @@ async def peak_growth_mb(work: Callable[[], Awaitable[T]]) -> tuple[T, float]:
     before = resident_mb("VmRSS")
     result = await work()
     return result, resident_mb("VmHWM") - before
+
+
+def exchange(one: Path, other: Path) -> None:
+    """Swap two names at once (``renameat2`` with ``RENAME_EXCHANGE``): neither is ever missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_cwd, rename_exchange = -100, 2
+    if libc.renameat2(at_cwd, bytes(one), at_cwd, bytes(other), rename_exchange) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
 
 
 def make(path: Path) -> Path:
@@ -132,3 +150,100 @@ async def test_write_file_still_creates_and_replaces_files(workdir: Path) -> Non
     await write_file(workdir, "sub/new.txt", "short")
 
     assert await read_file(workdir, "sub/new.txt") == "short"
+
+
+async def test_file_tools_stay_inside_while_a_command_swaps_a_folder_for_a_symlink(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """Another turn's command may swap a folder for a symlink to anywhere between the tool's
+    check and its open: no read or write may land outside the work directory."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOP SECRET OUTSIDE")
+    (workdir / "real").mkdir()
+    (workdir / "real" / "secret.txt").write_text("inside")
+    (workdir / "link").symlink_to(outside)
+    stop = threading.Event()
+
+    def swap() -> None:  # bounded by ``stop``: "real" is a folder, then the link, and back
+        while not stop.is_set():
+            exchange(workdir / "real", workdir / "link")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    read: list[str] = []
+    try:
+        for number in range(400):
+            with contextlib.suppress(ToolError):
+                read.append(await read_file(workdir, "real/secret.txt"))
+            with contextlib.suppress(ToolError):
+                await write_file(workdir, f"real/written{number}.txt", "x")
+    finally:
+        stop.set()
+        swapper.join(10)
+
+    assert read and set(read) == {"inside"}
+    assert sorted(path.name for path in outside.iterdir()) == ["secret.txt"]
+
+
+async def test_file_tools_follow_symlinks_that_stay_inside_and_take_absolute_paths_there(
+    workdir: Path, tmp_path: Path
+) -> None:
+    (workdir / "src").mkdir()
+    (workdir / "src" / "main.py").write_text("print('hi')")
+    (workdir / "code").symlink_to("src")
+    (workdir / "main").symlink_to(workdir / "src" / "main.py")
+    (workdir / "away").symlink_to(tmp_path)
+
+    assert await read_file(workdir, "code/main.py") == "print('hi')"
+    assert await read_file(workdir, "main") == "print('hi')"
+    assert await read_file(workdir, "src/../code/./main.py") == "print('hi')"
+    assert await read_file(workdir, str(workdir / "src" / "main.py")) == "print('hi')"
+    await write_file(workdir, "code/new/deeper.txt", "made")
+    assert (workdir / "src" / "new" / "deeper.txt").read_text() == "made"
+    for path in ("away/x.txt", "../x.txt", "code/../../x.txt", str(tmp_path / "x.txt")):
+        with pytest.raises(ToolError) as refused:
+            await write_file(workdir, path, "escaped")
+        assert str(refused.value) == f"The path {path!r} is outside the work directory."
+    assert not (tmp_path / "x.txt").exists()
+
+
+async def test_a_listing_shows_symlinks_as_themselves_and_nothing_of_where_they_lead(
+    workdir: Path, tmp_path: Path
+) -> None:
+    (workdir / "folder").mkdir()
+    (workdir / "to-a-folder").symlink_to(tmp_path)
+    (workdir / "to-nothing").symlink_to(tmp_path / "does-not-exist")
+
+    listing = await list_directory(workdir)
+
+    assert listing == "folder/\nto-a-folder\nto-nothing"
+
+
+async def test_a_listing_of_a_huge_folder_is_bounded_and_an_abort_stops_it(workdir: Path) -> None:
+    for number in range(MAX_SCANNED + 1):
+        os.close(os.open(workdir / f"f{number:06}", os.O_CREAT | os.O_WRONLY, 0o644))
+
+    listing = await list_directory(workdir)
+    with AbortController() as controller:
+        listing_again = asyncio.ensure_future(list_directory(workdir, ".", controller.signal))
+        await asyncio.sleep(0)  # it has started
+        controller.abort()
+        with pytest.raises(AbortError):
+            await asyncio.wait_for(listing_again, 5)
+
+    lines = listing.splitlines()
+    assert len(lines) == MAX_ENTRIES + 1
+    assert lines[-1] == f"[… more than {MAX_SCANNED - MAX_ENTRIES} more entries, not all read]"
+
+
+async def test_a_write_of_text_that_is_not_unicode_leaves_the_file_as_it_was(
+    workdir: Path,
+) -> None:
+    (workdir / "keep.txt").write_text("precious")
+
+    with pytest.raises(ToolError) as refused:
+        await write_file(workdir, "keep.txt", "new \ud800 text")
+
+    assert str(refused.value) == "The content is not valid Unicode text; nothing was written."
+    assert (workdir / "keep.txt").read_text() == "precious"

@@ -100,13 +100,13 @@ class Toolbox:
     async def _dispatch(self, name: str, args: dict[str, Any], signal: AbortSignal) -> str:
         signal.throw_if_aborted()
         if name == "read_file":
-            return await files.read_file(self.workdir, _text(args, "path"))
+            return await files.read_file(self.workdir, _text(args, "path"), signal)
         if name == "list_directory":
-            return await files.list_directory(self.workdir, str(args.get("path") or "."))
+            path = str(args.get("path") or ".")
+            return await files.list_directory(self.workdir, path, signal)
         if name == "write_file":
-            return await files.write_file(
-                self.workdir, _text(args, "path"), _text(args, "content", allow_empty=True)
-            )
+            content = _text(args, "content", allow_empty=True)
+            return await files.write_file(self.workdir, _text(args, "path"), content, signal)
         if name == "run_shell":
             return await shell.run_shell(
                 self.workdir,
