@@ -30,6 +30,7 @@ from hangar.shared.protocol import (
     ChatMessage,
     ToolCall,
     Usage,
+    whole_text,
 )
 
 from .providers import (
@@ -46,6 +47,8 @@ from .providers import (
 log = logging.getLogger("hangar.agent")
 
 MAX_STEPS = 25
+MAX_TOOL_RESULT_CHARS = 200_000
+"""The most of a tool's result the model (and the person) is given; the rest is counted."""
 STALL = 120.0
 """Seconds a model stream may go without sending anything before it is given up."""
 
@@ -210,10 +213,12 @@ class Agent:
         calls: list[ToolCall],
     ) -> None:
         if isinstance(event, TextChunk):
-            text.append(event.text)
-            await self.report.text(event.text, self.depth)
+            chunk = whole_text(event.text)
+            text.append(chunk)
+            await self.report.text(chunk, self.depth)
         elif isinstance(event, ToolCallRequest):
-            calls.append(ToolCall(id=event.id, name=event.name, arguments=event.arguments))
+            name, arguments = whole_text(event.name), whole_text(event.arguments)
+            calls.append(ToolCall(id=event.id, name=name, arguments=arguments))
         else:
             self.tally.counted(event)
 
@@ -247,12 +252,12 @@ class Agent:
             return verdict
         await self.report.tool(call, "start", self.depth)
         try:
-            result = await self.tools.run(call, signal, self.depth)
+            result = _fitted(await self.tools.run(call, signal, self.depth))
         except AbortError:
             raise
         except Exception as error:  # a failing tool is the model's problem, not the turn's
             log.info("tool %s failed: %s", call.name, error)
-            result = f"Error: {error}"
+            result = _fitted(f"Error: {error}")
             await self.report.tool(call, "error", self.depth, result)
         else:
             await self.report.tool(call, "end", self.depth, result)
@@ -284,6 +289,16 @@ class Agent:
                 await self.report.message(message)
 
         return keep
+
+
+def _fitted(result: str) -> str:
+    """A tool's result as the model gets it: whole characters, at most
+    ``MAX_TOOL_RESULT_CHARS`` of them."""
+    result = whole_text(result)
+    if len(result) <= MAX_TOOL_RESULT_CHARS:
+        return result
+    left = len(result) - MAX_TOOL_RESULT_CHARS
+    return f"{result[:MAX_TOOL_RESULT_CHARS]}\n[… {left} more characters not shown]"
 
 
 def _wire_size(event: ChatEvent) -> int:

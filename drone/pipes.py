@@ -16,6 +16,8 @@ import struct
 import sys
 from typing import Any, BinaryIO
 
+from hangar.shared.protocol import whole_text
+
 HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 """Larger than any work order the relay may send (its history is bounded well below)."""
@@ -28,8 +30,13 @@ class FrameError(Exception):
 
 
 def frame(value: Any) -> bytes:
-    """``value`` as one frame."""
-    return frame_bytes(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    """``value`` as one frame (a lone surrogate in its text, which UTF-8 cannot carry, as
+    U+FFFD: a frame is never lost to what a model or a file name held)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return frame_bytes(text.encode())
+    except UnicodeEncodeError:
+        return frame_bytes(whole_text(text).encode())
 
 
 def frame_bytes(payload: bytes) -> bytes:

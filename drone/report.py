@@ -106,7 +106,7 @@ class TurnReport:
             call_id=call.id,
             name=call.name,
             state=state,
-            arguments=call.arguments if state in ("start", "waiting") else None,
+            arguments=_shown(call.arguments) if state in ("start", "waiting") else None,
             result=result,
             depth=depth,
         )
@@ -148,3 +148,14 @@ class TurnReport:
     def _flush_later(self) -> None:
         self._timer = None
         self.sender.spawn(self.flush())
+
+
+SHOWN_ARGUMENTS_CHARS = 100_000
+"""The most of a tool call's arguments its activity shows (a file's whole text, say)."""
+
+
+def _shown(arguments: str) -> str:
+    if len(arguments) <= SHOWN_ARGUMENTS_CHARS:
+        return arguments
+    left = len(arguments) - SHOWN_ARGUMENTS_CHARS
+    return f"{arguments[:SHOWN_ARGUMENTS_CHARS]}[… {left} more characters not shown]"

@@ -17,6 +17,7 @@ from .wire import (
     ABORT_REASONS,
     ID_PATTERN,
     MAX_BUNDLED,
+    MAX_MESSAGE_BYTES,
     TERMINAL_STATUSES,
     ChatMessage,
     Ending,
@@ -28,12 +29,14 @@ from .wire import (
     Usage,
     Wire,
     status_of,
+    whole_text,
 )
 
 __all__ = [
     "ABORT_REASONS",
     "ID_PATTERN",
     "MAX_BUNDLED",
+    "MAX_MESSAGE_BYTES",
     "TERMINAL_STATUSES",
     "ChatMessage",
     "EndReason",
@@ -45,6 +48,7 @@ __all__ = [
     "Usage",
     "Wire",
     "status_of",
+    "whole_text",
 ]
 
 IDE_NAMESPACE = "/ide"
@@ -108,9 +112,6 @@ DRONE_STOPPING = "The drone is stopping."
 STALLED = "The model service stopped responding."
 CUT_OFF = "The drone was out of touch with every relay, so it stopped."
 """The result of a turn its drone stopped after ``--cut-off`` without a relay (``drone_lost``)."""
-MAX_MESSAGE_BYTES = 3_000_000
-"""The most a finished message (its content and tool calls, as JSON) may take: a drone sends it
-to the relay in one event, and the relay takes no event over 4,000,000 bytes."""
 ANSWER_TOO_LONG = "The model's answer is longer than a message may be; the drone stopped it."
 RETRY_LATER = "The relay could not store this now; send it again."
 """A drone's event the relay could not handle for a reason of its own (its database is down,

@@ -6,6 +6,7 @@ unknown keys refused), chat messages and tool calls, token usage and a turn's en
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,10 +59,23 @@ ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
+MAX_MESSAGE_BYTES = 3_000_000
+"""The most a finished message (its content and tool calls, as JSON) may take: a drone sends it
+to the relay in one event, and the relay takes no event over 4,000,000 bytes."""
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def whole_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD: half of a UTF-16 pair (JSON's
+    ``"\\ud83d"`` alone) or a file name's undecodable byte is no character, and has no UTF-8."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
 class ToolCall(Wire):
     id: Id
     name: str = Field(min_length=1, max_length=128)
-    arguments: str = Field(default="{}", max_length=1_000_000)
+    arguments: str = Field(default="{}", max_length=MAX_MESSAGE_BYTES)
     """The arguments as the model produced them: a JSON object in a string."""
 
 

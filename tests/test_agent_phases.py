@@ -8,6 +8,7 @@ work order in the same session is accepted by an upstream that rejects invalid h
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.agent import MAX_TOOL_RESULT_CHARS
 from hangar.shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, ChatMessage
 from tests.conftest import Browser, DroneHandle, RelayHandle, Upstream, eventually
 from tests.test_tool_sandbox import processes_running, unique_sleep
@@ -358,3 +360,70 @@ async def stalling_site() -> AsyncIterator[StallingSite]:
     site.url = f"http://127.0.0.1:{port}/slow"
     yield site
     await runner.cleanup()
+
+
+async def test_text_that_is_not_unicode_reaches_the_person_replaced_and_the_turn_ends(
+    relay: RelayHandle, openai_peer: OpenAIPeer, drone: DroneHandle, browser: Browser
+) -> None:
+    """Half a surrogate pair from the model (JSON's "\\ud83d" alone) or a file name that is not
+    UTF-8 is no character: it shows as U+FFFD, and the turn, its history and the next turn go
+    on as with any other text."""
+    bad_name = bytes(workdir_of(drone)) + b"/bad\xffname.txt"
+    os.close(os.open(bad_name, os.O_CREAT | os.O_WRONLY, 0o644))
+    openai_peer.script(
+        Reply(chunks=["Looking. "], tool_calls=[call("list_directory", path=".")]),
+        Reply(chunks=["Half an emoji \ud83d", " here."]),
+        Reply(chunks=["Next."]),
+    )
+    first = await browser.submit("List the files")
+
+    answer = "Half an emoji \ufffd here."
+    assert await browser.completion(first["turnId"]) == (first["turnId"], True, answer)
+    assert browser.text(first["turnId"]) == "Looking. " + answer
+    results = [m["content"] for m in openai_peer.requests[1].messages if m["role"] == "tool"]
+    assert results == ["a.txt\nbad\ufffdname.txt"]
+    second = await browser.submit("And now?", sessionId=first["sessionId"])
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Next.")
+    assert openai_peer.requests[-1].rejected is None
+    turn = await relay.relay.store.get_turn(first["turnId"])
+    assert turn is not None and turn.text == "Looking. " + answer
+
+
+async def test_a_tool_result_longer_than_a_model_should_read_is_cut_and_the_turn_goes_on(
+    relay: RelayHandle, openai_peer: OpenAIPeer, drone: DroneHandle, browser: Browser
+) -> None:
+    """A sub-agent's answer of 1.2 million characters: the parent gets its first
+    ``MAX_TOOL_RESULT_CHARS`` and a count of the rest; nothing else on the drone notices."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[call("spawn_subagent", task="write a lot")]),
+        Reply(chunks=["y" * 100_000] * 12),
+        Reply(chunks=["Done."]),
+    )
+    ack = await browser.submit("Delegate")
+
+    assert await browser.completion(ack["turnId"], timeout=30) == (ack["turnId"], True, "Done.")
+    results = [m["content"] for m in openai_peer.requests[2].messages if m["role"] == "tool"]
+    left = 1_200_000 - MAX_TOOL_RESULT_CHARS
+    assert results == ["y" * MAX_TOOL_RESULT_CHARS + f"\n[… {left} more characters not shown]"]
+
+
+async def test_a_file_of_a_megabyte_written_by_the_model_is_written(
+    relay: RelayHandle, openai_peer: OpenAIPeer, drone: DroneHandle, browser: Browser
+) -> None:
+    content = "a" * 1_100_000
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[call("write_file", path="big.txt", content=content)]),
+        Reply(chunks=["Written."]),
+    )
+    ack = await browser.submit("Write a big file")
+
+    assert await browser.completion(ack["turnId"], timeout=30) == (
+        ack["turnId"],
+        True,
+        "Written.",
+    )
+    assert (workdir_of(drone) / "big.txt").read_text() == content
+    tool = next(
+        a for e, a in browser.events if e == "workOrderProgress" and a.get("state") == "start"
+    )
+    assert len(tool["arguments"]) < 101_000 and tool["arguments"].endswith("characters not shown]")

@@ -25,9 +25,19 @@ def random_id(prefix: str, length: int = 24) -> str:
     return prefix + "".join(secrets.choice(_ALNUM) for _ in range(length))
 
 
+REQUEST_LIMIT = 64 * 1024 * 1024
+"""The largest request a peer takes (a long history with a file's text in it, say)."""
+
+
 def dumps(obj: Any) -> str:
-    """Compact JSON, as both real services emit on the wire."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, as both real services emit on the wire (half a surrogate pair, which has
+    no UTF-8, escaped as ``\\ud83d``, as JSON allows)."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":"))
+    return text
 
 
 @dataclass
@@ -186,7 +196,7 @@ class UpstreamPeer:
             return self
         self._stopping = False
         self._changed = asyncio.Event()
-        app = web.Application()
+        app = web.Application(client_max_size=REQUEST_LIMIT)
         self._add_routes(app)
         runner = web.AppRunner(
             app, handler_cancellation=True, shutdown_timeout=0.5, access_log=None
