@@ -9,7 +9,14 @@ import sys
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import add_log_level, add_setting, directory, seconds, url, whole_number
+from hangar.shared.cli import (
+    add_log_level,
+    add_setting,
+    seconds,
+    url,
+    whole_number,
+    work_directory,
+)
 from hangar.shared.protocol import drone_name_of
 
 from .tools.policy import ToolPolicy
@@ -169,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workdir",
         env="HANGAR_WORKDIR",
         default=".",
-        check=directory,
+        check=work_directory,
         help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
         "default: the current directory)",
     )

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import add_log_level, add_setting, directory, port, seconds, url
+from hangar.shared.cli import add_log_level, add_setting, port, seconds, url, work_directory
 
 from .access import is_loopback, networks
 from .accounts import Accounts
@@ -83,7 +83,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--workdir",
         env="HANGAR_WORKDIR",
         default=None,
-        check=directory,
+        check=work_directory,
         help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
         "default: a fresh folder in the system's temporary folder, removed when the demo stops)",
     )

@@ -15,17 +15,19 @@ holds; a bad one is one line on stderr naming the option or the variable, and ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import math
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 PARTS = {
     "serve": "hangar.server.cli",
@@ -163,6 +165,46 @@ def directory(text: str) -> str:
     if not path.is_dir():
         raise ValueError(f"{text!r} is not a directory.")
     return str(path.resolve())
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+RELAY_TABLES = {"users", "logins", "drone_tokens"}
+LOOKED_AT = 1000
+"""Entries of a work directory looked at for a relay's database, at most."""
+
+
+def work_directory(text: str) -> str:
+    """``--workdir``: an existing directory, and not one that holds a relay's database (its
+    tools, and so the model, may read and write everything in it)."""
+    path = directory(text)
+    found = relay_database_in(Path(path))
+    if found is not None:
+        raise ValueError(
+            f"{text!r} holds {found.name}, a relay's database (its people, logins and tokens): "
+            "give the drone a work directory of its own."
+        )
+    return path
+
+
+def relay_database_in(folder: Path) -> Path | None:
+    """A relay's SQLite database directly in ``folder``, if there is one."""
+    with os.scandir(folder) as entries:
+        for _, entry in zip(range(LOOKED_AT), entries, strict=False):
+            if entry.is_file(follow_symlinks=False) and _is_relay_database(entry.path):
+                return Path(entry.path)
+    return None
+
+
+def _is_relay_database(path: str) -> bool:
+    try:
+        with open(path, "rb") as file:
+            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                return False
+        with contextlib.closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except (OSError, sqlite3.Error):
+        return False
+    return tables >= RELAY_TABLES
 
 
 def log_level(text: str) -> str:

@@ -86,13 +86,21 @@ def relay_ping() -> tuple[float, float] | None:
     return None
 
 
+def relay_folder(tmp_path: Path) -> Path:
+    """Where a test's relay keeps its database: apart from the drones' work directory (a drone
+    refuses one that holds a relay's database)."""
+    folder = tmp_path / "relay"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture
 async def relay(
     tmp_path: Path, relay_ping: tuple[float, float] | None
 ) -> AsyncIterator[RelayHandle]:
     config = RelayConfig(
         port=0,
-        database=str(tmp_path / "hangar.db"),
+        database=str(relay_folder(tmp_path) / "hangar.db"),
         drone_token=DRONE_TOKEN,
         abort_grace=2.0,
         drone_grace=0.5,

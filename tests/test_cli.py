@@ -24,7 +24,16 @@ from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
-from tests.conftest import DRONE_TOKEN, HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+from tests.conftest import (
+    DRONE_TOKEN,
+    HANGAR,
+    ROOT,
+    Browser,
+    RelayHandle,
+    Upstream,
+    eventually,
+    relay_folder,
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -249,7 +258,7 @@ async def test_a_drone_started_before_its_relay_waits_and_connects_when_it_comes
     try:
         await lines_until(drone.stderr, not_up_yet(port, delay=1))
         config = RelayConfig(
-            port=port, database=str(tmp_path / "relay.db"), drone_token=DRONE_TOKEN
+            port=port, database=str(relay_folder(tmp_path) / "relay.db"), drone_token=DRONE_TOKEN
         )
         runner, _ = await start_relay(config)
         try:
@@ -401,7 +410,7 @@ async def test_stopping_a_relay_logs_no_warning(
     tmp_path: Path, openai_peer: OpenAIPeer, signum: signal.Signals
 ) -> None:
     relay = await start(
-        "serve", "--port", "0", "--database", str(tmp_path / "relay.db"),
+        "serve", "--port", "0", "--database", str(relay_folder(tmp_path) / "relay.db"),
         "--drone-token", DRONE_TOKEN,
     )  # fmt: skip
     (line,) = await lines_until(relay.stdout, lambda line: "listening on" in line)
@@ -441,7 +450,8 @@ async def run_demo(
     """Start ``hangar demo`` on the peer; its page's URL and a logged-in browser."""
     env = clean_env(OPENAI_API_KEY="k", OPENAI_BASE_URL=peer.base_url + "/v1")
     process = await asyncio.create_subprocess_exec(
-        *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"), *args,
+        *HANGAR, "demo", "--port", "0", "--database", str(relay_folder(tmp_path) / "demo.db"),
+        *args,
         cwd=cwd or tmp_path, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -530,3 +540,31 @@ async def test_the_demo_drone_works_in_a_fresh_folder_removed_when_the_demo_stop
     assert list(checkout.iterdir()) == []
     assert process.returncode == 0
     assert loud_lines(stderr) == []
+
+
+async def test_a_drone_refuses_a_work_directory_that_holds_a_relays_database(
+    tmp_path: Path,
+) -> None:
+    """Its tools, and so the model, could read every login and token in it, and write it."""
+    code, _, _ = await hangar("drone-token", "create", "d1", "--database", str(tmp_path / "x.db"))
+    assert code == 0
+    refusal = (
+        "holds x.db, a relay's database (its people, logins and tokens): give the drone a "
+        "work directory of its own."
+    )
+
+    given = await hangar("drone", "--workdir", str(tmp_path))
+    current = await hangar("drone", cwd=tmp_path)
+    demo = await hangar("demo", env={"HANGAR_WORKDIR": str(tmp_path)})
+
+    assert given == (2, "", f"hangar drone: --workdir: '{tmp_path}' {refusal}\n")
+    assert current == (2, "", f"hangar drone: --workdir: '.' {refusal}\n")
+    assert demo == (
+        2,
+        "",
+        f"hangar demo: HANGAR_WORKDIR (for --workdir): '{tmp_path}' {refusal}\n",
+    )
+    # In a folder of its own, the relay's database no longer stands in the way.
+    (tmp_path / "x.db").rename(relay_folder(tmp_path) / "x.db")
+    _, _, stderr = await hangar("drone", "--workdir", str(tmp_path))
+    assert "--workdir" not in stderr

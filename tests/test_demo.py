@@ -12,14 +12,14 @@ from typing import Any
 import aiohttp
 
 from hangar.server.access import LOGIN_COOKIE
-from tests.conftest import HANGAR, ROOT, Browser, eventually
+from tests.conftest import HANGAR, ROOT, Browser, eventually, relay_folder
 
 
 async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OLLAMA_HOST")}
     process = await asyncio.create_subprocess_exec(
         *HANGAR, "demo", "--port", "0",
-        "--database", str(tmp_path / "demo.db"),
+        "--database", str(relay_folder(tmp_path) / "demo.db"),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     browser: Browser | None = None
@@ -58,7 +58,7 @@ async def test_the_demo_model_calls_tools_that_ask_first_and_a_sub_agent(tmp_pat
     (work / "hello.txt").write_text("hi")
     process = await asyncio.create_subprocess_exec(
         *HANGAR, "demo", "--port", "0", "--workdir", str(work),
-        "--database", str(tmp_path / "demo.db"),
+        "--database", str(relay_folder(tmp_path) / "demo.db"),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     browser: Browser | None = None

@@ -50,6 +50,7 @@ from tests.conftest import (
     RelayHandle,
     Upstream,
     eventually,
+    relay_folder,
 )
 from tests.test_drone_workers import alive, children_of
 
@@ -321,7 +322,7 @@ async def test_a_work_order_whose_drone_dies_before_accepting_it_runs_on_another
 async def sqlite_relay(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """``hangar serve`` on SQLite, as a subprocess on a fixed port, to stop and start again."""
     port = free_port()
-    database = tmp_path / "hangar.db"
+    database = relay_folder(tmp_path) / "hangar.db"
     started: list[asyncio.subprocess.Process] = []
 
     async def start() -> tuple[str, asyncio.subprocess.Process, Path]:
@@ -364,7 +365,7 @@ async def test_a_relay_restart_mid_turn_loses_no_text(
     openai_peer.script(reply)
     url, process, _ = await sqlite_relay()
     drone_process(Upstream("openai", openai_peer), server=url)
-    token = await person_token(tmp_path / "hangar.db")
+    token = await person_token(relay_folder(tmp_path) / "hangar.db")
     browser = await Browser(url, token).connect()
     await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
     turn_id = (await browser.submit("Say a lot"))["turnId"]
@@ -377,9 +378,11 @@ async def test_a_relay_restart_mid_turn_loses_no_text(
     again = await Browser(url, token).connect()
     try:
         await eventually(
-            lambda: _ended_turn(tmp_path / "hangar.db", turn_id), timeout=20, what="the end"
+            lambda: _ended_turn(relay_folder(tmp_path) / "hangar.db", turn_id),
+            timeout=20,
+            what="the end",
         )
-        turn = await _ended_turn(tmp_path / "hangar.db", turn_id)
+        turn = await _ended_turn(relay_folder(tmp_path) / "hangar.db", turn_id)
         assert turn is not None and turn.status == "finished"
         assert turn.text == reply_text(reply)
         assert roles(turn) == [("user", "Say a lot"), ("assistant", reply_text(reply))]
@@ -486,7 +489,7 @@ async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected
     openai_peer.script(SLOW)
     url, process, log = await sqlite_relay()
     drone_process(Upstream("openai", openai_peer), server=url)
-    token = await person_token(tmp_path / "hangar.db")
+    token = await person_token(relay_folder(tmp_path) / "hangar.db")
     browsers = [await Browser(url, token).connect() for _ in range(3)]
     await eventually(lambda: _drones(browsers[0]), timeout=15, what="the drone")
     turn_id = (await browsers[0].submit("Stream for a while"))["turnId"]
@@ -515,7 +518,7 @@ async def start_demo(tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, 
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
-            *HANGAR, "demo", "--port", "0", "--database", str(tmp_path / "demo.db"),
+            *HANGAR, "demo", "--port", "0", "--database", str(relay_folder(tmp_path) / "demo.db"),
             "--workdir", str(tmp_path),
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -529,7 +532,7 @@ async def start_demo(tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, 
 async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
     tmp_path: Path, how: signal.Signals
 ) -> None:
-    database = tmp_path / "demo.db"
+    database = relay_folder(tmp_path) / "demo.db"
     process, log, url = await start_demo(tmp_path)
     try:
         browser = await Browser(url, await person_token(database)).connect()
@@ -765,7 +768,9 @@ async def start_drone_on() -> AsyncIterator[Callable[..., Any]]:
 async def test_a_drone_restarted_under_its_name_within_the_grace_ends_the_turns_it_lost(
     tmp_path: Path, openai_peer: OpenAIPeer, drone_process: Start
 ) -> None:
-    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), drone_grace=5.0)
+    config = RelayConfig(
+        port=0, database=str(relay_folder(tmp_path) / "hangar.db"), drone_grace=5.0
+    )
     runner, port = await start_relay(config)
     relay = runner.app[RELAY]
     url = f"http://127.0.0.1:{port}"

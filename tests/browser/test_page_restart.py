@@ -20,7 +20,7 @@ from bench.services import free_port
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, stored, submit, turn_id_of
-from tests.conftest import DRONE_TOKEN, People, RelayHandle, Upstream, eventually
+from tests.conftest import DRONE_TOKEN, People, RelayHandle, Upstream, eventually, relay_folder
 
 pytestmark = pytest.mark.browser
 
@@ -49,7 +49,7 @@ async def restartable(
 ) -> AsyncIterator[RestartableRelay]:
     config = RelayConfig(
         port=free_port(),
-        database=str(tmp_path / "hangar.db"),
+        database=str(relay_folder(tmp_path) / "hangar.db"),
         drone_token=DRONE_TOKEN,
         abort_grace=2.0,
         drone_grace=2.0,
