@@ -86,7 +86,7 @@ class Accounts:
     # ---- people
 
     async def add_user(self, name: str, password: str | None, role: Role = "member") -> User:
-        if not USER_NAME.match(name):
+        if not USER_NAME.fullmatch(name):
             raise AccountError(
                 "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
                 "letter or digit."
@@ -230,7 +230,7 @@ class Accounts:
     # ---- drone tokens
 
     async def create_drone_token(self, name: str) -> str:
-        if not DRONE_NAME.match(name):
+        if not DRONE_NAME.fullmatch(name):
             raise AccountError(
                 "A drone name is 1-64 letters, digits, '_' or '-', starting with a letter or digit."
             )

@@ -373,7 +373,7 @@ def drone_name_of(token: str) -> str | None:
     """The drone a drone token belongs to, or None if it is not one."""
     parts = token.split(".")
     if len(parts) == 3 and f"{parts[0]}." == DRONE_TOKEN_PREFIX:
-        return parts[1] if re.match(DRONE_NAME_PATTERN, parts[1]) else None
+        return parts[1] if re.fullmatch(DRONE_NAME_PATTERN, parts[1]) else None
     return None
 
 

@@ -74,6 +74,8 @@ async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> 
     cases = [
         (("user", "add", "ada", "--no-password"), 1, "A user named 'ada' already exists."),
         (("user", "add", "bad name!", "--no-password"), 1, "A user name is 1-64 letters"),
+        (("user", "add", "nl\n", "--no-password"), 1, "A user name is 1-64 letters"),
+        (("drone-token", "create", "dr\n"), 1, "A drone name is 1-64 letters"),
         (("user", "add", "eve"), 2, "Give the password on standard input with --password-stdin."),
         (("user", "remove", "nobody"), 1, "There is no user named 'nobody'."),
         (("token", "create", "nobody"), 1, "There is no user named 'nobody'."),
