@@ -188,7 +188,7 @@ class Access:
             if not isinstance(name, str) or not isinstance(password, str):
                 return self._login_page(page_dir, BAD_LOGIN, 400)
             address = self.client_address(request)
-            keys = (f"user:{name.strip().lower()}", f"address:{address}")
+            keys = (f"user:{name.strip()}", f"address:{address}")
             if await self.accounts.login_refused(*keys):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)

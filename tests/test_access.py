@@ -225,6 +225,19 @@ async def test_repeated_failures_lock_the_name_but_not_other_people(
     assert (await logins().log_in("bob", PASSWORD))[0] == 303
 
 
+async def test_failures_for_a_name_do_not_lock_a_person_whose_name_differs_in_case(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    """Names are case-sensitive ("ALICE" and "alice" are two people), and so is the lock."""
+    await relay.relay.accounts.add_user("ALICE", PASSWORD)
+    await relay.relay.accounts.add_user("alice", "alice's own password")
+    for _ in range(MAX_USER_FAILURES):
+        assert (await logins().log_in("ALICE", "guess"))[0] == 401
+
+    assert (await logins().log_in("ALICE", PASSWORD))[0] == 429
+    assert (await logins().log_in("alice", "alice's own password"))[0] == 303
+
+
 async def test_repeated_failures_from_one_address_lock_it(
     relay: RelayHandle, logins: Callable[..., Login]
 ) -> None:
