@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 
@@ -112,6 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--name",
         env="HANGAR_DRONE_NAME",
         default="",
+        check=drone_name,
         help="name shown to people (HANGAR_DRONE_NAME; default: the drone token's name, else "
         "the host name)",
     )
@@ -127,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         env="HANGAR_MODEL",
         default="",
+        check=model_name,
         help="model name (HANGAR_MODEL; default gpt-4o-mini for openai, llama3.2 for ollama)",
     )
     add_setting(
@@ -296,3 +299,19 @@ def run(args: argparse.Namespace) -> int:
         return await run_drone(config, root, live_status=live_status)
 
     return runtime.run(main())
+
+
+def drone_name(text: str) -> str:
+    """``--name``: a drone's id starts with it (empty: the token's name, else the host's)."""
+    if text and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", text):
+        raise ValueError(
+            "expected 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, "
+            f"got {text!r}."
+        )
+    return text
+
+
+def model_name(text: str) -> str:
+    if len(text) > 256:
+        raise ValueError(f"expected a model name of 1-256 characters, got {len(text)}.")
+    return text

@@ -149,6 +149,11 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: --cut-off: {SECONDS}, got 'never'."),
         (["drone", "--tools", "run_shell=maybe"], {},
          "hangar drone: --tools: expected TOOL=allow|ask|deny, got 'run_shell=maybe'."),
+        (["drone", "--name", "bad name"], {},
+         "hangar drone: --name: expected 1-64 letters, digits, '.', '_' or '-', starting with a "
+         "letter or digit, got 'bad name'."),
+        (["drone", "--model", "m" * 300], {},
+         "hangar drone: --model: expected a model name of 1-256 characters, got 300."),
         (["drone", "--workdir", NO_DIR], {},
          f"hangar drone: --workdir: there is no directory '{NO_DIR}'."),
         (["drone", "--workdir", "pyproject.toml"], {},
@@ -167,7 +172,8 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "base-url-env-without-host", "ollama-host-scheme", "redis-without-scheme",
         "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
-        "deadline-env", "cut-off", "tools", "workdir-missing", "workdir-a-file", "demo-workdir-env",
+        "deadline-env", "cut-off", "tools", "name", "model", "workdir-missing", "workdir-a-file",
+        "demo-workdir-env",
         "log-level-before", "log-level-after", "log-level-env",
     ],
 )  # fmt: skip
