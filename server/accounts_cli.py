@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from hangar.shared.cli import add_log_level
+from hangar.shared.cli import add_log_level, add_setting, database
 
 from .accounts import AccountError, Accounts
 from .app import open_store
@@ -61,9 +60,12 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     for parser in (*users.choices.values(), *tokens.choices.values(), *drones.choices.values()):
         add_log_level(parser)
-        parser.add_argument(
+        add_setting(
+            parser,
             "--database",
-            default=os.environ.get("HANGAR_DATABASE", "hangar.db"),
+            env="HANGAR_DATABASE",
+            default="hangar.db",
+            check=database,
             help="SQLite file, or a postgresql:// URL (HANGAR_DATABASE; default %(default)s)",
         )
 

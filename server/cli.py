@@ -16,14 +16,20 @@ import shutil
 import signal
 import sys
 import tempfile
-from pathlib import Path
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import add_log_level, add_setting, port, seconds, url, work_directory
+from hangar.shared.cli import (
+    add_log_level,
+    add_setting,
+    database,
+    port,
+    seconds,
+    url,
+    work_directory,
+)
 
 from .access import is_loopback, networks
 from .accounts import Accounts
@@ -37,26 +43,6 @@ DRONE_STOP_TIMEOUT = 10.0
 SHUTDOWN = "The relay is shutting down."
 DEMO_USER = "demo"
 DEMO_DRONE = "demo-drone"
-
-
-def database(text: str) -> str:
-    """A ``postgresql://`` URL, or a SQLite file in a folder that exists."""
-    scheme = text.split("://", 1)[0] if "://" in text else ""
-    expected = f"expected a SQLite file or a postgresql:// URL, got {text!r}."
-    if scheme in ("postgresql", "postgres"):
-        try:
-            urlsplit(text).port  # noqa: B018 (raises ValueError for a port out of range)
-        except ValueError:
-            raise ValueError(expected) from None
-        return text
-    if scheme not in ("", "sqlite") or not text.strip():
-        raise ValueError(expected)
-    path = Path(text.removeprefix("sqlite:///"))
-    if path.is_dir():
-        raise ValueError(f"{text!r} is a directory, not a SQLite file.")
-    if not path.parent.is_dir():
-        raise ValueError(f"there is no folder {str(path.parent)!r} for the SQLite file {text!r}.")
-    return text
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -249,10 +235,13 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
     root = AbortController()
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     try:
-        runner, port = await start_relay(config)
+        async with root.signal.scope():  # Ctrl-C while the database does not answer
+            runner, port = await start_relay(config)
     except RelayStartError as error:
         print(f"hangar serve: {error}", file=sys.stderr)
         return 1
+    except AbortError:
+        return 0
     print(f"Hangar relay listening on http://{config.host}:{port}/", flush=True)
     relay = runner.app[RELAY]
     if not await relay.accounts.users():
@@ -298,18 +287,21 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     if is_loopback(config.host):
         config.demo_user = DEMO_USER
     try:
-        if not is_loopback(config.host) and not await _has_accounts(config):
-            print(
-                f"hangar demo: on {config.host} the page is open to the network and needs "
-                f"accounts: add one with hangar user add NAME --admin --database "
-                f"{config.database}",
-                file=sys.stderr,
-            )
-            return 2
-        runner, port = await start_relay(config)
+        async with root.signal.scope():  # Ctrl-C while the database does not answer
+            if not is_loopback(config.host) and not await _has_accounts(config):
+                print(
+                    f"hangar demo: on {config.host} the page is open to the network and needs "
+                    f"accounts: add one with hangar user add NAME --admin --database "
+                    f"{config.database}",
+                    file=sys.stderr,
+                )
+                return 2
+            runner, port = await start_relay(config)
     except RelayStartError as error:
         print(f"hangar demo: {error}", file=sys.stderr)
         return 1
+    except AbortError:
+        return 0
     base = f"http://{config.host}:{port}"
     arguments, label = demo_drone_arguments(base, model)
     token = await _demo_drone_token(runner.app[RELAY].accounts)

@@ -207,6 +207,26 @@ def _is_relay_database(path: str) -> bool:
     return tables >= RELAY_TABLES
 
 
+def database(text: str) -> str:
+    """A ``postgresql://`` URL, or a SQLite file in a folder that exists."""
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    expected = f"expected a SQLite file or a postgresql:// URL, got {text!r}."
+    if scheme in ("postgresql", "postgres"):
+        try:
+            urlsplit(text).port  # noqa: B018 (raises ValueError for a port out of range)
+        except ValueError:
+            raise ValueError(expected) from None
+        return text
+    if scheme not in ("", "sqlite") or not text.strip():
+        raise ValueError(expected)
+    path = Path(text.removeprefix("sqlite:///"))
+    if path.is_dir():
+        raise ValueError(f"{text!r} is a directory, not a SQLite file.")
+    if not path.parent.is_dir():
+        raise ValueError(f"there is no folder {str(path.parent)!r} for the SQLite file {text!r}.")
+    return text
+
+
 def log_level(text: str) -> str:
     if text.upper() not in LOG_LEVELS:
         names = ", ".join(level.lower() for level in LOG_LEVELS)

@@ -149,6 +149,12 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: --cut-off: {SECONDS}, got 'never'."),
         (["drone", "--tools", "run_shell=maybe"], {},
          "hangar drone: --tools: expected TOOL=allow|ask|deny, got 'run_shell=maybe'."),
+        (["user", "list", "--database", f"{NO_DIR}/x.db"], {},
+         f"hangar user list: --database: there is no folder '{NO_DIR}' for the SQLite file "
+         f"'{NO_DIR}/x.db'."),
+        (["drone-token", "list"], {"HANGAR_DATABASE": "mysql://x/y"},
+         "hangar drone-token list: HANGAR_DATABASE (for --database): expected a SQLite file or "
+         "a postgresql:// URL, got 'mysql://x/y'."),
         (["drone", "--name", "bad name"], {},
          "hangar drone: --name: expected 1-64 letters, digits, '.', '_' or '-', starting with a "
          "letter or digit, got 'bad name'."),
@@ -172,7 +178,8 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "base-url-env-without-host", "ollama-host-scheme", "redis-without-scheme",
         "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
-        "deadline-env", "cut-off", "tools", "name", "model", "workdir-missing", "workdir-a-file",
+        "deadline-env", "cut-off", "tools", "accounts-database", "accounts-database-env",
+        "name", "model", "workdir-missing", "workdir-a-file",
         "demo-workdir-env",
         "log-level-before", "log-level-after", "log-level-env",
     ],
@@ -305,6 +312,35 @@ async def test_ctrl_c_stops_a_drone_waiting_for_its_relay_at_once() -> None:
         "2 s",
         "3 s",
     ]
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+async def test_ctrl_c_stops_a_relay_waiting_for_its_database_at_once(command: str) -> None:
+    """A database server that takes the connection and never answers (a stalled PostgreSQL)."""
+    connected = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        connected.set()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        relay = await start(
+            command, "--port", "0", "--database", f"postgresql://x@127.0.0.1:{port}/x"
+        )
+        await asyncio.wait_for(connected.wait(), 20)
+
+        relay.send_signal(signal.SIGINT)
+
+        assert await asyncio.wait_for(relay.wait(), 5) == 0
+        assert relay.stderr is not None
+        assert "Traceback" not in (await relay.stderr.read()).decode()
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
 
 
 async def test_a_work_order_at_info_logs_no_request_lines(
