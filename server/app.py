@@ -83,13 +83,14 @@ class RelayConfig:
     """Serve the offline demo model at ``/demo/v1`` (OpenAI-compatible, slow canned answers)."""
 
 
-def open_store(database: str) -> TurnStore:
-    """The store a database setting names: ``postgresql://…``, else a SQLite path."""
+def open_store(database: str, *, relay: bool = False) -> TurnStore:
+    """The store a database setting names: ``postgresql://…``, else a SQLite path (which a
+    relay holds for itself alone)."""
     if database.startswith(("postgresql://", "postgres://")):
         from .postgres_store import PostgresTurnStore
 
         return PostgresTurnStore(database)
-    return SqliteTurnStore(database.removeprefix("sqlite:///"))
+    return SqliteTurnStore(database.removeprefix("sqlite:///"), relay=relay)
 
 
 def open_live_state(redis: str | None, prefix: str, presence: float = 0.0) -> LiveState:
@@ -104,7 +105,7 @@ def open_live_state(redis: str | None, prefix: str, presence: float = 0.0) -> Li
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = RedisChannel(config.redis, config.deployment()) if config.redis else None
-    store = store or open_store(config.database)
+    store = store or open_store(config.database, relay=True)
     relay_access: list[Access] = []
     sio = RelayServer(
         client_manager=manager,

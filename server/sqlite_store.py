@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +42,26 @@ T = TypeVar("T")
 MIGRATIONS = migrations("sqlite")
 
 
+def _relay_lock(path: str) -> int:
+    """Hold ``path`` for this relay alone (``flock``, which SQLite's own locks do not touch):
+    two relays on one file would each take the other's turns for orphans. Account commands
+    open it beside a relay. The file is made readable by its owner only, if it is new."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUseError(
+            "another relay uses it (one relay per SQLite file; relays that share their work "
+            "share a PostgreSQL database)."
+        ) from None
+    return fd
+
+
+class StoreInUseError(Exception):
+    """The SQLite file is a running relay's."""
+
+
 class SqliteTurnStore:
     """Every statement runs on one thread of the store's own.
 
@@ -48,8 +70,11 @@ class SqliteTurnStore:
     while the thread is busy are committed together once it is free (``sqlite_writes``).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, relay: bool = False) -> None:
         self.path = str(path)
+        self.relay = relay
+        """A relay's store: the only relay on this file while it is open (``_relay_lock``)."""
+        self._lock: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._writes = GroupCommit(lambda: self.conn)
@@ -57,6 +82,8 @@ class SqliteTurnStore:
     async def open(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if self.relay:
+                self._lock = _relay_lock(self.path)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangar-sqlite")
         self._conn = await self._call(self._connect)
 
@@ -74,12 +101,14 @@ class SqliteTurnStore:
         return conn
 
     async def close(self) -> None:
-        if self._thread is None:
-            return
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self._call(conn.close)
-        self._thread.shutdown(wait=False)
+        if self._thread is not None:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await self._call(conn.close)
+            self._thread.shutdown(wait=False)
+        if self._lock is not None:  # after SQLite's own descriptor: closing one drops its locks
+            os.close(self._lock)
+            self._lock = None
         self._thread = None
 
     @property

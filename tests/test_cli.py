@@ -314,6 +314,37 @@ async def test_ctrl_c_stops_a_drone_waiting_for_its_relay_at_once() -> None:
     ]
 
 
+async def test_a_second_relay_on_the_same_sqlite_file_is_refused_while_the_first_runs(
+    tmp_path: Path,
+) -> None:
+    """Two relays on one SQLite file would each take the other's turns for orphans and end
+    them; several relays share a PostgreSQL database instead."""
+    db = str(tmp_path / "hangar.db")
+    first = await start("serve", "--port", "0", "--database", db, "--drone-token", DRONE_TOKEN)
+    try:
+        await lines_until(first.stdout, lambda line: "listening on" in line)
+
+        second = await hangar("serve", "--port", "0", "--database", db)
+        accounts = await hangar("user", "add", "ada", "--no-password", "--database", db)
+
+        assert second == (
+            1,
+            "",
+            f"hangar serve: cannot open the database {db}: another relay uses it (one relay per "
+            "SQLite file; relays that share their work share a PostgreSQL database).\n",
+        )
+        assert accounts[0] == 0  # the account commands work beside the running relay
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(first.wait(), 10) == 0
+    again = await start("serve", "--port", "0", "--database", db, "--drone-token", DRONE_TOKEN)
+    try:  # once the first has stopped, the file is free
+        await lines_until(again.stdout, lambda line: "listening on" in line)
+    finally:
+        again.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(again.wait(), 10) == 0
+
+
 @pytest.mark.parametrize("command", ["serve", "demo"])
 async def test_ctrl_c_stops_a_relay_waiting_for_its_database_at_once(command: str) -> None:
     """A database server that takes the connection and never answers (a stalled PostgreSQL)."""
