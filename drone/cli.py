@@ -180,8 +180,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env="HANGAR_WORKDIR",
         default=".",
         check=work_directory,
-        help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
-        "default: the current directory)",
+        help="an existing directory, the only one the drone's tools may touch, and not one "
+        "that holds a relay's database (HANGAR_WORKDIR; default: the current directory)",
     )
     add_setting(
         parser,
