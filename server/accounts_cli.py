@@ -117,9 +117,12 @@ def _read_password(from_stdin: bool) -> str:
     if from_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     elif sys.stdin.isatty():
-        password = getpass.getpass("Password: ")
-        if getpass.getpass("Password again: ") != password:
-            raise AccountError("The two passwords differ.")
+        try:
+            password = getpass.getpass("Password: ")
+            if getpass.getpass("Password again: ") != password:
+                raise AccountError("The two passwords differ.")
+        except EOFError:  # Ctrl-D
+            raise AccountError("No password was given.") from None
     else:
         raise AccountError("Give the password on standard input with --password-stdin.")
     if not password:

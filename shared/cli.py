@@ -315,8 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     configure_logging(args.log_level)
-    part = importlib.import_module(PARTS[args.command])
-    code: int = part.run(args)
+    try:
+        part = importlib.import_module(PARTS[args.command])
+        code: int = part.run(args)
+    except KeyboardInterrupt:  # Ctrl-C before a part handles it (at a prompt, say)
+        print(file=sys.stderr)
+        return 130
     return code
 
 

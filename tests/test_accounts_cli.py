@@ -4,8 +4,17 @@ asks for on a network address: each answers in one line, with an exit code."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import pty
+import select
+import signal
+import subprocess
+import termios
+import time
 from pathlib import Path
+
+import pytest
 
 from hangar.server.accounts import Accounts
 from hangar.server.sqlite_store import SqliteTurnStore
@@ -123,3 +132,63 @@ async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> N
         "hangar demo: on 0.0.0.0 the page is open to the network and needs accounts: add one "
         f"with hangar user add NAME --admin --database {db}"
     ]
+
+
+def _at_the_password_prompt(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``hangar user add`` on a terminal of its own (a pty), once it asks for the password."""
+    leader, follower = pty.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(
+        [*HANGAR, "user", "add", "ada", "--database", str(tmp_path / "hangar.db")],
+        cwd=ROOT, stdin=follower, stdout=follower, stderr=follower, preexec_fn=own_terminal,
+    )  # fmt: skip
+    os.close(follower)
+    screen = b""
+    deadline = time.monotonic() + 30
+    while b"Password: " not in screen and time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            screen += os.read(leader, 1024)
+    assert b"Password: " in screen, screen
+    return process, leader
+
+
+def _rest_of(leader: int) -> str:
+    """What the command wrote after the prompt, until it closed its terminal."""
+    screen = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 10)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 1024)
+        except OSError:  # the other end is closed
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(leader)
+    return screen.decode(errors="replace")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-d"])
+def test_leaving_the_password_prompt_is_one_line_and_adds_no_one(tmp_path: Path, how: str) -> None:
+    process, leader = _at_the_password_prompt(tmp_path)
+
+    if how == "ctrl-c":
+        process.send_signal(signal.SIGINT)
+    else:
+        os.write(leader, b"\x04")  # end of input, as Ctrl-D at the start of a line
+    code = process.wait(10)
+    said = _rest_of(leader)
+
+    assert "Traceback" not in said and "Error" not in said, said
+    if how == "ctrl-c":
+        assert code == 130
+    else:
+        assert code == 2 and "No password was given." in said
+    assert not (tmp_path / "hangar.db").exists()
