@@ -200,12 +200,12 @@ class Reaper:
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
         assert self.endings is not None
+        doubt = self.live_state.endings_in_doubt()
+        if doubt is not None:  # first, from the store alone: also while Redis is down
+            await self._check_live_turns(doubt)
         for turn_id in await self.live_state.ended_elsewhere():
             self.endings.live.pop(turn_id, None)
             await self._give_kept_text(turn_id)
-        doubt = self.live_state.endings_in_doubt()
-        if doubt is not None:
-            await self._check_live_turns(doubt)
         kept = self.live_state.kept_turns()
         if len(kept) > len(self.endings.live):  # streamed here, ended or moved elsewhere
             for turn_id in kept - set(self.endings.live):

@@ -635,6 +635,42 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
         await store.close()
 
 
+async def test_an_abort_through_another_relay_while_redis_is_down_still_stops_the_model(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+) -> None:
+    """The person's relay ends the turn (the drone's relay cannot be reached through Redis);
+    the drone's relay learns it from the store, tells the drone, and keeps what streamed."""
+    a = await relay_processes(redis=own_redis.url, drone_grace=30.0)
+    b = await relay_processes(redis=own_redis.url, drone_grace=30.0)
+    reply = Reply(chunks=[f"r{i} " for i in range(1000)], delay=0.03)  # 30 s
+    openai_peer.script(reply)
+    drone_process(Upstream("openai", openai_peer), server=b.url)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(a.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        turn_id = (await browser.submit("Stream past an outage"))["turnId"]
+        await browser.wait_text(turn_id, pieces=3, timeout=10)
+
+        own_redis.kill()
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        request = openai_peer.requests[0]
+        await eventually(lambda: request.disconnected, 10, "the model's stream closed")
+        turn = await stored(store, turn_id)
+        assert own_redis.process is not None and own_redis.process.poll() is not None
+        assert (turn.status, turn.reason) == ("aborted", "unanswered")
+        assert turn.text and reply_text(reply).startswith(turn.text)
+        assert len(turn.text) < len(reply_text(reply))
+    finally:
+        await browser.close()
+        await store.close()
+
+
 @pytest.fixture
 async def own_postgres() -> AsyncIterator[OwnPostgres]:
     server = OwnPostgres()
