@@ -22,9 +22,11 @@ from aiohttp import web
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import (
+    add_list_setting,
     add_log_level,
     add_setting,
     database,
+    origin,
     port,
     seconds,
     url,
@@ -116,10 +118,11 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         help="what this deployment's Redis keys and channel start with (HANGAR_REDIS_PREFIX; "
         "default: derived from --database, so deployments sharing a Redis do not mix)",
     )
-    command.add_argument(
+    add_list_setting(
+        command,
         "--allowed-origin",
-        action="append",
-        default=[o for o in os.environ.get("HANGAR_ALLOWED_ORIGINS", "").split(",") if o],
+        env="HANGAR_ALLOWED_ORIGINS",
+        check=origin,
         help="an origin besides the relay's own that may use it, e.g. a proxy's "
         "https://hangar.example (repeatable; HANGAR_ALLOWED_ORIGINS, comma-separated)",
     )

@@ -107,6 +107,41 @@ def add_setting(
     parser.add_argument(flag, default=value, type=convert, **options)
 
 
+def add_list_setting(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str,
+    check: Callable[[str], str],
+    **options: Any,
+) -> None:
+    """A repeatable ``flag``, each value checked; when it is not given, the comma-separated
+    values of ``env``, each checked as well."""
+
+    def convert(text: str) -> str | list[str]:
+        try:
+            if isinstance(text, FromEnv):
+                return [check(part.strip()) for part in text.split(",") if part.strip()]
+            return check(text)
+        except ValueError as error:
+            if isinstance(text, FromEnv):
+                raise SettingError(
+                    f"{parser.prog}: {text.variable} (for {flag}): {error}"
+                ) from None
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    default = FromEnv(os.environ.get(env, ""), env)
+    parser.add_argument(flag, default=default, type=convert, action=_Repeated, **options)
+
+
+class _Repeated(argparse.Action):
+    """Each use of the option adds a value; the first replaces the default."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        found = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, [*(found if isinstance(found, list) else []), values])
+
+
 # ---- checks: each converts an option's text or raises ValueError saying what was expected
 
 
@@ -155,6 +190,15 @@ def url(*schemes: str) -> Callable[[str], str]:
         return text.strip()
 
     return check
+
+
+def origin(text: str) -> str:
+    """A web origin: ``http://`` or ``https://``, a host and maybe a port, nothing more."""
+    checked = url("http", "https")(text).rstrip("/")
+    parts = urlsplit(checked)
+    if parts.path or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"expected an origin such as https://hangar.example, got {text!r}.")
+    return checked
 
 
 def directory(text: str) -> str:

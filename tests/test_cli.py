@@ -24,6 +24,7 @@ from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
+from hangar.shared import cli
 from tests.conftest import (
     DRONE_TOKEN,
     HANGAR,
@@ -155,6 +156,12 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         (["drone-token", "list"], {"HANGAR_DATABASE": "mysql://x/y"},
          "hangar drone-token list: HANGAR_DATABASE (for --database): expected a SQLite file or "
          "a postgresql:// URL, got 'mysql://x/y'."),
+        (["serve", "--allowed-origin", "proxy.example"], {},
+         "hangar serve: --allowed-origin: expected a URL starting with http:// or https://, got "
+         "'proxy.example'."),
+        (["serve"], {"HANGAR_ALLOWED_ORIGINS": "https://ok.example,https://x.example/app"},
+         "hangar serve: HANGAR_ALLOWED_ORIGINS (for --allowed-origin): expected an origin such "
+         "as https://hangar.example, got 'https://x.example/app'."),
         (["drone", "--name", "bad name"], {},
          "hangar drone: --name: expected 1-64 letters, digits, '.', '_' or '-', starting with a "
          "letter or digit, got 'bad name'."),
@@ -178,9 +185,9 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "base-url-env-without-host", "ollama-host-scheme", "redis-without-scheme",
         "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
-        "deadline-env", "cut-off", "tools", "accounts-database", "accounts-database-env",
-        "name", "model", "workdir-missing", "workdir-a-file",
-        "demo-workdir-env",
+        "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
+        "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",
+        "workdir-a-file", "demo-workdir-env",
         "log-level-before", "log-level-after", "log-level-env",
     ],
 )  # fmt: skip
@@ -641,3 +648,18 @@ async def test_a_drone_refuses_a_work_directory_that_holds_a_relays_database(
     (tmp_path / "x.db").rename(relay_folder(tmp_path) / "x.db")
     _, _, stderr = await hangar("drone", "--workdir", str(tmp_path))
     assert "--workdir" not in stderr
+
+
+def test_allowed_origins_come_from_each_flag_or_else_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def parsed(*argv: str) -> Any:
+        return cli.parser(cli._parts_for(list(argv))).parse_args(list(argv)).allowed_origin
+
+    monkeypatch.delenv("HANGAR_ALLOWED_ORIGINS", raising=False)
+    assert parsed("serve") == []
+    given = ("--allowed-origin", "https://a.example", "--allowed-origin", "http://b.example:81/")
+    assert parsed("serve", *given) == ["https://a.example", "http://b.example:81"]
+    monkeypatch.setenv("HANGAR_ALLOWED_ORIGINS", "https://c.example, https://d.example")
+    assert parsed("serve") == ["https://c.example", "https://d.example"]
+    assert parsed("serve", *given[:2]) == ["https://a.example"]
