@@ -89,6 +89,11 @@ class SqliteTurnStore:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False)
+        try:
+            _refuse_foreign(conn)
+        except BaseException:
+            conn.close()
+            raise
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
@@ -342,6 +347,15 @@ class SqliteTurnStore:
             return claimed
 
         return await self._write(claim)
+
+
+def _refuse_foreign(conn: sqlite3.Connection) -> None:
+    """Refuse, before writing anything, a file another program's or a newer Hangar's."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise sqlite3.DatabaseError("a newer release of Hangar made it; this one cannot use it.")
+    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise sqlite3.DatabaseError("it holds another program's tables, not Hangar's.")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

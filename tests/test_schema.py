@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.schema import migrations
-from hangar.server.sqlite_store import SqliteTurnStore
+from hangar.server.sqlite_store import MIGRATIONS, SqliteTurnStore
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,32 @@ async def test_a_sqlite_file_of_the_first_release_upgrades(tmp_path: Path) -> No
     indexes = sqlite_schema(path).indexes
     assert "turns_status" not in indexes
     assert indexes["turns_processing"].where == "status = 'processing'"
+
+
+@pytest.mark.parametrize("made_by", ["another program", "a newer Hangar"])
+async def test_a_sqlite_file_that_is_not_this_hangars_is_refused_and_left_as_it_was(
+    tmp_path: Path, made_by: str
+) -> None:
+    path = tmp_path / "other.db"
+    db = sqlite3.connect(path)
+    if made_by == "another program":
+        db.executescript("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
+    else:
+        db.executescript(f"CREATE TABLE future (x); PRAGMA user_version = {len(MIGRATIONS) + 1};")
+    db.close()
+    before = path.read_bytes()
+
+    store = SqliteTurnStore(path)
+    with pytest.raises(sqlite3.DatabaseError) as refused:
+        await store.open()
+    await store.close()
+
+    expected = {
+        "another program": "it holds another program's tables, not Hangar's.",
+        "a newer Hangar": "a newer release of Hangar made it; this one cannot use it.",
+    }
+    assert str(refused.value) == expected[made_by]
+    assert path.read_bytes() == before
 
 
 async def test_a_postgres_database_of_the_first_release_upgrades(postgres_url: str) -> None:
