@@ -346,9 +346,14 @@ def _dummy_hash() -> str:
     return _HASHER.hash(secrets.token_urlsafe(16))
 
 
+MIN_PASSWORD_CHARS = 8
+
+
 async def _hash(password: str) -> str:
     if not password:
         raise AccountError("A password cannot be empty.")
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
     return await asyncio.to_thread(_HASHER.hash, password)
 
 

@@ -97,6 +97,22 @@ async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> 
         assert "Traceback" not in err
 
 
+async def test_a_password_of_fewer_than_eight_characters_is_refused(tmp_path: Path) -> None:
+    db = str(tmp_path / "hangar.db")
+    await hangar("user", "add", "ada", "--password-stdin", "--database", db, stdin="long enough\n")
+
+    added = await hangar("user", "add", "bob", "--password-stdin", "--database", db, stdin="a\n")
+    changed = await hangar(
+        "user", "passwd", "ada", "--password-stdin", "--database", db, stdin="1234567\n"
+    )
+
+    refusal = "A password needs at least 8 characters.\n"
+    assert added == (1, "", "hangar user add: " + refusal)
+    assert changed == (1, "", "hangar user passwd: " + refusal)
+    listed = (await hangar("user", "list", "--database", db))[1]
+    assert "ada" in listed and "bob" not in listed
+
+
 async def test_tokens_are_printed_once_and_stored_as_hashes(tmp_path: Path) -> None:
     db = str(tmp_path / "hangar.db")
     await hangar("user", "add", "bot", "--no-password", "--database", db)
