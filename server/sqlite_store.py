@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import sqlite3
@@ -19,6 +18,7 @@ from hangar.shared.protocol import ChatMessage, TurnStatus
 from .closing import closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
+from .sqlite_file import refuse_foreign, relay_lock
 from .sqlite_writes import GroupCommit
 from .store import (
     INSERT_TURN,
@@ -42,26 +42,6 @@ T = TypeVar("T")
 MIGRATIONS = migrations("sqlite")
 
 
-def _relay_lock(path: str) -> int:
-    """Hold ``path`` for this relay alone (``flock``, which SQLite's own locks do not touch):
-    two relays on one file would each take the other's turns for orphans. Account commands
-    open it beside a relay. The file is made readable by its owner only, if it is new."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreInUseError(
-            "another relay uses it (one relay per SQLite file; relays that share their work "
-            "share a PostgreSQL database)."
-        ) from None
-    return fd
-
-
-class StoreInUseError(Exception):
-    """The SQLite file is a running relay's."""
-
-
 class SqliteTurnStore:
     """Every statement runs on one thread of the store's own.
 
@@ -73,7 +53,7 @@ class SqliteTurnStore:
     def __init__(self, path: str | Path, *, relay: bool = False) -> None:
         self.path = str(path)
         self.relay = relay
-        """A relay's store: the only relay on this file while it is open (``_relay_lock``)."""
+        """A relay's store: the only relay on this file while it is open (``relay_lock``)."""
         self._lock: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
@@ -83,14 +63,14 @@ class SqliteTurnStore:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             if self.relay:
-                self._lock = _relay_lock(self.path)
+                self._lock = relay_lock(self.path)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangar-sqlite")
         self._conn = await self._call(self._connect)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False)
         try:
-            _refuse_foreign(conn)
+            refuse_foreign(conn)
         except BaseException:
             conn.close()
             raise
@@ -347,15 +327,6 @@ class SqliteTurnStore:
             return claimed
 
         return await self._write(claim)
-
-
-def _refuse_foreign(conn: sqlite3.Connection) -> None:
-    """Refuse, before writing anything, a file another program's or a newer Hangar's."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise sqlite3.DatabaseError("a newer release of Hangar made it; this one cannot use it.")
-    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-        raise sqlite3.DatabaseError("it holds another program's tables, not Hangar's.")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

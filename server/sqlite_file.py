@@ -1,0 +1,41 @@
+"""What a SQLite file is, and who holds it: a relay's own lock on its file, and the refusal of a
+file that is not this Hangar's."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+
+from .schema import migrations
+
+MIGRATIONS = migrations("sqlite")
+
+
+def relay_lock(path: str) -> int:
+    """Hold ``path`` for this relay alone (``flock``, which SQLite's own locks do not touch):
+    two relays on one file would each take the other's turns for orphans. Account commands
+    open it beside a relay. The file is made readable by its owner only, if it is new."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUseError(
+            "another relay uses it (one relay per SQLite file; relays that share their work "
+            "share a PostgreSQL database)."
+        ) from None
+    return fd
+
+
+class StoreInUseError(Exception):
+    """The SQLite file is a running relay's."""
+
+
+def refuse_foreign(conn: sqlite3.Connection) -> None:
+    """Refuse, before writing anything, a file another program's or a newer Hangar's."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise sqlite3.DatabaseError("a newer release of Hangar made it; this one cannot use it.")
+    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise sqlite3.DatabaseError("it holds another program's tables, not Hangar's.")
