@@ -141,6 +141,7 @@ class TurnEndings:
             result=ending.result,
             ended_by=ended.ended_by,
             usage=ending.usage,
+            text_chars=len(ended.text),
         )
         await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
         await self.directory.broadcast()

@@ -263,6 +263,9 @@ class TurnEnded(Wire):
     result: str
     ended_by: str | None = None
     usage: Usage | None = None
+    text_chars: int = 0
+    """How long the turn's answer (``TurnView.text``) is as stored: a page that shows less
+    missed some of it and opens the session again."""
 
 
 # ---- relay -> drone

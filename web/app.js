@@ -120,6 +120,11 @@ socket.on(TURN_ENDED, (ending) => {
   if (!ending?.turnId || !TURN_STATUSES.includes(ending.status)) return;
   const { status, reason, result, endedBy, usage } = ending;
   conversation.complete(ending.turnId, { status, reason, result, endedBy, usage });
+  // Text this page never got (its relay restarted mid-answer, say): a fresh snapshot has it.
+  const shown = conversation.answerLength(ending.turnId);
+  if (shown !== null && Number.isInteger(ending.textChars) && shown < ending.textChars) {
+    sessions.reopen(ending.sessionId);
+  }
 });
 
 // ---------------------------------------------------------------- start

@@ -303,6 +303,12 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     } else if (ev.kind === TOOL_ACTIVITY) card.tool(ev);
   }
 
+  /** How many characters of its answer the turn's card shows (null: no such card here). */
+  function answerLength(turnId) {
+    const card = state.cards.get(turnId);
+    return card ? card.answer.length : null;
+  }
+
   /** A turn has ended: `workOrderComplete`, then `turnEnded` with why (`ending`). */
   function complete(turnId, ending) {
     const done = { ...state.completions.get(turnId) };
@@ -324,6 +330,7 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
   }
 
   return {
+    answerLength,
     showSession,
     showSnapshot,
     forgetOthers,

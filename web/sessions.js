@@ -566,8 +566,14 @@ export function createSessionList(state, { conversation, focusPrompt }) {
   });
   byId("new-session").addEventListener("click", startNew);
 
+  /** Open the session shown again, for a fresh snapshot of it. */
+  function reopen(sessionId) {
+    if (sessionId && state.currentSessionId === sessionId) open(sessionId);
+  }
+
   return {
     changed,
+    reopen,
     removed,
     allowEveryone,
     turnStatus,

@@ -3,10 +3,11 @@ to resync, and the page opens its session again and shows the whole answer."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, WebSocketRoute, expect
 
 from hangar.shared.protocol import TextDelta
 from tests.browser.hand_drone import HandDrone
@@ -61,3 +62,37 @@ async def test_a_page_that_fell_behind_shows_the_whole_answer_from_a_fresh_snaps
         assert await output_text(turn) == "Before. " + words
         received = [p for way, p in frames if way == "received" and "workOrderProgress" in p]
         assert len(received) < BURST  # what it missed came in the snapshot, not event by event
+
+
+async def test_a_page_that_missed_text_shows_the_whole_answer_once_the_turn_ends(
+    page: Page, relay: RelayHandle
+) -> None:
+    """Text the page never got (its relay restarted mid-answer, say, and it reconnected before
+    the drone did): the ending says how long the answer is, and the page opens the session
+    again instead of showing the turn finished with a piece missing."""
+
+    def lost(frame: str) -> bool:
+        return "workOrderProgress" in frame and "lost-piece" in frame
+
+    async def drop_a_piece(route: WebSocketRoute) -> None:
+        server = route.connect_to_server()
+        server.on_message(lambda frame: None if lost(str(frame)) else route.send(frame))
+        route.on_message(server.send)
+
+    await page.route_web_socket(re.compile(r"/socket\.io/"), drop_a_piece)
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Answer")
+        turn_id = await drone.next_order()
+        await drone.text(turn_id, "Before. ")
+        await expect(turn.locator(".turn-output")).to_have_text("Before.", timeout=WAIT_MS)
+        await drone.text(turn_id, "lost-piece ")
+        await drone.text(turn_id, "after.")
+        await expect(turn.locator(".turn-output")).to_have_text("Before. after.", timeout=WAIT_MS)
+
+        await drone.complete(turn_id, True, "Done.")
+
+        await expect(turn).to_have_attribute("data-status", "finished", timeout=WAIT_MS)
+        await expect(turn.locator(".turn-output")).to_have_text(
+            "Before. lost-piece after.", timeout=WAIT_MS
+        )
