@@ -284,6 +284,27 @@ export function createSessionList(state, { conversation, focusPrompt }) {
 
   const queuedKey = (sessions) => [...sessions].sort().join(" ");
 
+  /**
+   * Put `nodes` in this order, moving only what is out of place. The item that holds the focus
+   * stays where it is and the others move around it: moving it would blur it (a rename in
+   * progress would be saved half typed).
+   */
+  function place(nodes) {
+    const kept = nodes.findIndex((node) => node.contains(document.activeElement));
+    if (kept < 0) {
+      nodes.forEach((node, i) => {
+        if (list.children[i] !== node) list.insertBefore(node, list.children[i] ?? null);
+      });
+      return;
+    }
+    for (let i = kept - 1; i >= 0; i--) {
+      if (nodes[i].nextSibling !== nodes[i + 1]) list.insertBefore(nodes[i], nodes[i + 1]);
+    }
+    for (let i = kept + 1; i < nodes.length; i++) {
+      if (nodes[i].previousSibling !== nodes[i - 1]) nodes[i - 1].after(nodes[i]);
+    }
+  }
+
   function render() {
     state.sessions.sort(byActivity);
     const waiting = queuedSessions();
@@ -304,14 +325,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
         items.delete(sessionId);
       }
     }
-    // Move only what is out of place; an item that moves keeps its focus.
-    const focused = document.activeElement;
-    [...wanted, more].forEach((node, i) => {
-      if (list.children[i] !== node) list.insertBefore(node, list.children[i] ?? null);
-    });
-    if (focused?.isConnected && document.activeElement !== focused) {
-      focused.focus({ preventScroll: true });
-    }
+    place([...wanted, more]);
     renderMore();
     // On a phone the list is in a drawer: its button tells that a turn runs somewhere.
     const working = state.sessions.some((s) => s.processingTurnId);

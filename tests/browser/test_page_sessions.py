@@ -95,6 +95,31 @@ async def test_a_session_is_renamed_inline_from_the_keyboard(
     assert stored is not None and stored.title == "Oldest"
 
 
+async def test_a_rename_in_progress_stays_open_while_its_session_moves_up_the_list(
+    page: Page, relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    ids = await open_with(page, relay, ["First", "Second", "Third"])
+    other = await browsers(PERSON)
+    await page.get_by_role("button", name="Rename session: Third").click()
+    title = page.get_by_role("textbox", name="Session title")
+    await page.keyboard.type("Half typed")
+
+    # A turn starts in that session elsewhere: it is now the latest, first in the list.
+    await other.submit("Asked from a phone", sessionId=ids[2])
+    await expect(item(page, ids[2]).locator(".session-queued")).to_have_text("queued")
+    assert (await listed(page))[0] == ids[2]
+
+    await expect(title).to_be_focused()
+    await expect(title).to_have_value("Half typed")
+    await page.keyboard.type(" and finished")
+    await page.keyboard.press("Enter")
+    await expect(item(page, ids[2]).locator(".session-title")).to_have_text(
+        "Half typed and finished"
+    )
+    stored = await relay.relay.store.get_session(ids[2])
+    assert stored is not None and stored.title == "Half typed and finished"
+
+
 async def test_deleting_a_session_asks_first_then_removes_it_everywhere(
     page: Page, relay: RelayHandle
 ) -> None:
