@@ -34,7 +34,8 @@ const escapeHtml = (text) =>
 export const markdown = new Marked({
   gfm: true,
   renderer: {
-    html: ({ text }) => escapeHtml(text),
+    // A block keeps its lines (as preformatted text); inline HTML stays in its sentence.
+    html: ({ text, block }) => (block ? `<pre>${escapeHtml(text.replace(/\n+$/, ""))}</pre>` : escapeHtml(text)),
     image: ({ href, text }) => `<a href="${escapeHtml(href)}">${escapeHtml(text || href)}</a>`,
   },
 });

@@ -509,3 +509,33 @@ async def test_the_page_fits_desktop_and_phone_in_both_themes(
             await still(page)
             await page.screenshot(path=artifact(f"page-{scheme}-desktop-running.png"))
         drone.answer_aborts.set()
+
+
+async def test_raw_html_keeps_its_lines_and_a_wide_table_scrolls_on_a_phone(
+    page: Page, relay: RelayHandle
+) -> None:
+    html = "<table>\n  <tr>\n    <td>Name</td>\n  </tr>\n</table>"
+    header = "| " + " | ".join(f"column {n}" for n in range(12)) + " |"
+    rule = "|" + "---|" * 12
+    row = "| " + " | ".join(f"value{n}" for n in range(12)) + " |"
+    answer = f"{html}\n\nAnd a paragraph.\n\n{header}\n{rule}\n{row}\n"
+    await page.set_viewport_size({"width": 390, "height": 844})
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Show some HTML and a wide table")
+        turn_id = await drone.next_order()
+        await drone.text(turn_id, answer)
+        await drone.complete(turn_id, True, answer)
+        output = turn.locator(".turn-output")
+        await expect(output.locator("table")).to_have_count(1, timeout=WAIT_MS)
+
+        # The HTML is shown as the text it is, line by line, apart from the next paragraph.
+        await expect(output.locator("pre").filter(has_text="<table>")).to_have_text(html)
+        await expect(output.locator("p").filter(has_text="And a paragraph.")).to_have_count(1)
+        # Each cell keeps its words whole; the table scrolls instead of squeezing them.
+        narrowest = await output.locator("td, th").evaluate_all(
+            "(cells) => Math.min(...cells.map((c) => c.getBoundingClientRect().width))"
+        )
+        scrolls = await output.locator("table").evaluate("(t) => t.scrollWidth > t.clientWidth")
+        assert narrowest >= 50 and scrolls, (narrowest, scrolls)
+        await page.screenshot(path=artifact("phone-html-and-wide-table.png"))
