@@ -65,6 +65,8 @@ export class MarkdownView {
     this.open = [];
     this.dirty = false;
     this.lastWasCR = false;
+    /** A link definition came after blocks drawn for good, which may refer to it. */
+    this.stale = false;
   }
 
   /** Add streamed text; it is drawn in the next frame the renderer may use. */
@@ -91,9 +93,12 @@ export class MarkdownView {
       const done = tokens.slice(0, split);
       done.links = tokens.links;
       this.el.append(renderTokens(done, { settled: true }));
+      const earlier = this.settled > 0;
       for (const token of done) {
         this.settled += token.raw.length;
-        if (token.type === "def") this.links[token.tag] = { href: token.href, title: token.title };
+        if (token.type !== "def") continue;
+        this.links[token.tag] = { href: token.href, title: token.title };
+        if (earlier) this.stale = true;
       }
     }
     const rest = tokens.slice(split);
@@ -103,9 +108,15 @@ export class MarkdownView {
     if (drawn) this.el.append(drawn);
   }
 
-  /** No more text comes: draw the rest now, for good. */
+  /** No more text comes: draw the rest now, for good (all of it again, once, where a link
+   * definition came after text that may use it: `[the docs][py]` … `[py]: https://…`). */
   finish() {
     waiting.delete(this);
     this.render(true);
+    if (!this.stale) return;
+    this.stale = false;
+    const tokens = new markdown.Lexer(markdown.defaults).lex(this.source);
+    this.el.replaceChildren(renderTokens(tokens, { settled: true }));
+    this.open = [];
   }
 }

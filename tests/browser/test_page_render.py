@@ -539,3 +539,24 @@ async def test_raw_html_keeps_its_lines_and_a_wide_table_scrolls_on_a_phone(
         scrolls = await output.locator("table").evaluate("(t) => t.scrollWidth > t.clientWidth")
         assert narrowest >= 50 and scrolls, (narrowest, scrolls)
         await page.screenshot(path=artifact("phone-html-and-wide-table.png"))
+
+
+async def test_a_reference_link_defined_at_the_end_of_an_answer_is_a_link(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Cite the docs")
+        turn_id = await drone.next_order()
+        output = turn.locator(".turn-output")
+        await drone.text(turn_id, "According to [the Python docs][py], it is so.\n\n")
+        await drone.text(turn_id, "More.\n\n")
+        await drone.text(turn_id, "And more.\n\n")
+        await expect(output.locator("p")).to_have_count(3)
+        await drone.text(turn_id, "[py]: https://docs.python.org/3/\n")
+
+        await drone.complete(turn_id, True, "More.")
+
+        link = output.locator('a[href="https://docs.python.org/3/"]')
+        await expect(link).to_have_text("the Python docs", timeout=WAIT_MS)
+        await expect(output).not_to_contain_text("[py]")
