@@ -10,7 +10,8 @@ const EMPTY_TITLE = "A session's title cannot be empty.";
 /**
  * The sidebar's edits. `list`: `find(id)` a session's view, `itemOf(id)` its <li>,
  * `retitle(id, title)` shows a title at once, `upsert(view)` takes the relay's view,
- * `removed(id, {byMe})` drops it, `busy(view)` whether a turn of it runs or waits, `isOpen(id)`,
+ * `removed(id, {byMe})` drops it, `deleting` the ids this page is deleting, `busy(view)` whether
+ * a turn of it runs or waits, `isOpen(id)`,
  * and `fallbackFocus`, where the keyboard goes when a focused item is deleted and none is left.
  */
 export function createSessionEdits(list) {
@@ -146,10 +147,13 @@ export function createSessionEdits(list) {
 
   async function remove(sessionId) {
     let res;
+    list.deleting.add(sessionId);
     try {
       [res] = await request(DELETE_SESSION, { sessionId });
     } catch (err) {
       res = { ok: false, error: err.message };
+    } finally {
+      list.deleting.delete(sessionId);
     }
     const li = list.itemOf(sessionId);
     if (!res?.ok) {

@@ -199,8 +199,11 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     if (view?.sessionId) upsert(view);
   }
 
+  /** Sessions this page asked the relay to delete: its `sessionRemoved` is this page's news. */
+  const deleting = new Set();
+
   /** `sessionRemoved {sessionId}`, or a deletion of this page's own. */
-  function removed(sessionId, { byMe = false } = {}) {
+  function removed(sessionId, { byMe = deleting.has(sessionId) } = {}) {
     const i = state.sessions.findIndex((s) => s.sessionId === sessionId);
     if (i >= 0) state.sessions.splice(i, 1);
     items.get(sessionId)?.remove();
@@ -423,6 +426,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     retitle,
     upsert,
     removed,
+    deleting,
     busy: (s) => Boolean(s.processingTurnId) || s.queuedTurns > 0 || queuedSessions().has(s.sessionId),
     isOpen: (sessionId) => sessionId === state.currentSessionId,
     fallbackFocus: search,

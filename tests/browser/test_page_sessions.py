@@ -142,6 +142,8 @@ async def test_deleting_a_session_asks_first_then_removes_it_everywhere(
     await expect(item(page, ids[1])).to_have_count(0)
     await expect(page.locator("#toasts")).to_contain_text("Session deleted.")
     await expect(page.locator("#session-title")).to_have_text("New session")  # it was open
+    # One word of it: the relay's news of the deletion is this page's own deletion.
+    await expect(page.locator("#toasts .toast", has_text="deleted")).to_have_count(1)
     assert await relay.relay.store.get_session(ids[1]) is None
     assert await listed(page) == [ids[0]]
 
