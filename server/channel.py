@@ -26,11 +26,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from hangar.shared.protocol import IDE_NAMESPACE, RESYNC
 
-from .redis_state import CALL_TIMEOUT, FAILURES
+from .redis_state import CALL_TIMEOUT, FAILURES, once_more
 
 log = logging.getLogger("hangar.relay")
 
@@ -73,7 +74,11 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
 
     async def _write(self) -> None:
         client = aioredis.Redis.from_url(
-            self.url, socket_timeout=CALL_TIMEOUT, socket_connect_timeout=CALL_TIMEOUT
+            self.url,
+            socket_timeout=CALL_TIMEOUT,
+            socket_connect_timeout=CALL_TIMEOUT,
+            retry=once_more(),
+            retry_on_error=[RedisConnectionError],
         )
         pause = 0.05
         try:
@@ -139,7 +144,9 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
         """What the other relays publish; it tries again after every failure, never raising."""
         pause = 0.05
         while True:
-            client = aioredis.Redis.from_url(self.url, socket_connect_timeout=CALL_TIMEOUT)
+            client = aioredis.Redis.from_url(
+                self.url, socket_connect_timeout=CALL_TIMEOUT, retry=once_more()
+            )
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)

@@ -15,6 +15,9 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .live_state import ENDED_READ, DroneRoute, LiveText
 
@@ -36,6 +39,14 @@ POOL_SIZE = 32
 FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
+def once_more() -> Retry:
+    """How every Redis call is tried again: once, at once, on a fresh connection, and only when
+    the connection failed (Redis closed it as it restarted, say), never after a timeout; so a
+    call fails within ``CALL_TIMEOUT`` (twice that at worst), not after redis-py's default of
+    ten tries with waits between them."""
+    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+
+
 class KeptText:
     """A turn's text as this relay streamed it, and its length in UTF-8 bytes (as Redis counts)."""
 
@@ -55,6 +66,8 @@ class RedisLiveState:
             timeout=CALL_TIMEOUT,
             socket_timeout=CALL_TIMEOUT,
             socket_connect_timeout=CALL_TIMEOUT,
+            retry=once_more(),
+            retry_on_error=[RedisConnectionError],
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self.prefix = prefix

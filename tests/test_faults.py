@@ -10,6 +10,7 @@ import logging
 import re
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from hangar.server.cli import start_relay
 from hangar.server.connections import UNAVAILABLE
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.reaper import DRONE_LOST, SILENT_REJOIN
-from hangar.server.redis_state import PRESENCE_FLOOR
+from hangar.server.redis_state import CALL_TIMEOUT, PRESENCE_FLOOR, RedisLiveState
+from hangar.server.redis_state import FAILURES as REDIS_FAILURES
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore
 from hangar.shared.abort import AbortController, AbortError
@@ -580,6 +582,30 @@ def own_redis() -> Any:
     server.start()
     yield server
     server.kill()
+
+
+async def test_each_redis_call_fails_within_its_bound_and_a_restarted_redis_is_reached_at_once(
+    own_redis: OwnRedis,
+) -> None:
+    """A Redis restarted since the last call (which closed the relay's connections) is reached
+    on the next call, on a fresh connection, instead of that call failing; a stalled Redis
+    still fails a call within ``CALL_TIMEOUT`` (a timeout is not tried again)."""
+    state = RedisLiveState(own_redis.url, "hangar-bound-test")
+    await state.start()
+    key = state.key("probe")
+    try:
+        await state.redis.set(key, "before")
+        own_redis.restart()
+        assert await state.redis.get(key) is None  # empty, but reached at once
+
+        own_redis.pause()
+        started = time.monotonic()
+        with pytest.raises(REDIS_FAILURES):
+            await asyncio.wait_for(state.redis.get(key), 5 * CALL_TIMEOUT)
+        assert time.monotonic() - started < CALL_TIMEOUT + 1.0
+    finally:
+        own_redis.resume()
+        await state.close()
 
 
 @pytest.mark.parametrize("fault", ["paused", "restarted-empty"])
