@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
@@ -152,10 +153,30 @@ class TurnReport:
 
 SHOWN_ARGUMENTS_CHARS = 100_000
 """The most of a tool call's arguments its activity shows (a file's whole text, say)."""
+SHOWN_VALUE_CHARS = 20_000
+"""The most of one long value (a file's content) shown, when the arguments are too long."""
 
 
 def _shown(arguments: str) -> str:
+    """The arguments as shown: whole when they fit, else still a JSON object with every short
+    value whole (a path, a command) and each long one cut, saying how much was left out."""
     if len(arguments) <= SHOWN_ARGUMENTS_CHARS:
         return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        shortened = {key: _cut(value) for key, value in parsed.items()}
+        shown = json.dumps(shortened, ensure_ascii=False)
+        if len(shown) <= SHOWN_ARGUMENTS_CHARS:
+            return shown
     left = len(arguments) - SHOWN_ARGUMENTS_CHARS
     return f"{arguments[:SHOWN_ARGUMENTS_CHARS]}[… {left} more characters not shown]"
+
+
+def _cut(value: object) -> object:
+    if not isinstance(value, str) or len(value) <= SHOWN_VALUE_CHARS:
+        return value
+    left = len(value) - SHOWN_VALUE_CHARS
+    return f"{value[:SHOWN_VALUE_CHARS]}[… {left} more characters not shown]"

@@ -250,11 +250,13 @@ def add_static(app: web.Application, page_dir: Path) -> None:
 
     async def page_file(request: web.Request) -> web.FileResponse:
         name = request.match_info["name"]
-        path = page_dir / request.match_info.get("folder", "") / name
+        folder = page_dir / request.match_info.get("folder", "")
+        path = folder / name
         if (
             "/" in name  # an escaped slash, %2F
             or name.startswith(".")
             or not name.endswith(PAGE_FILES)
+            or path.is_symlink()
             or not path.is_file()
         ):
             raise web.HTTPNotFound()

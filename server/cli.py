@@ -22,10 +22,12 @@ from aiohttp import web
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import (
+    WOULD_HOLD_DATABASE,
     add_list_setting,
     add_log_level,
     add_setting,
     database,
+    holds_database,
     origin,
     port,
     seconds,
@@ -284,6 +286,9 @@ def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
 async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: str) -> int:
     """Run a relay and its drone until Ctrl-C; the drone's tools work in ``workdir``, else in
     a fresh folder removed at the end."""
+    if workdir and holds_database(workdir, config.database):
+        print(f"hangar demo: --workdir: {workdir!r} {WOULD_HOLD_DATABASE}", file=sys.stderr)
+        return 2
     root = AbortController()
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
     config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))

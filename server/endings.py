@@ -23,6 +23,7 @@ from .dispatch import Dispatcher
 from .live_state import LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
+from .reports import utf16_length
 from .rooms import Rooms
 from .store import Ending, TurnRecord, TurnStore
 
@@ -141,7 +142,7 @@ class TurnEndings:
             result=ending.result,
             ended_by=ended.ended_by,
             usage=ending.usage,
-            text_chars=len(ended.text),
+            text_chars=utf16_length(ended.text),
         )
         await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
         await self.directory.broadcast()

@@ -138,7 +138,7 @@ class DroneReports:
             if not text:
                 return {"ok": True}  # sent again after a reconnect: the relay has it
             payload["text"], payload["at"] = text, live.units
-            live.units += _utf16_length(text)
+            live.units += utf16_length(text)
             try:
                 payload["seq"] = await self.live_state.append_text(event.turn_id, text)
             except Exception as error:  # Redis failing: browsers still see it; the store keeps
@@ -221,11 +221,11 @@ class DroneReports:
             return self.live[turn_id]
         text, _ = await self.live_state.text(turn_id)
         live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
-        live.said, live.units = len(text), _utf16_length(text)
+        live.said, live.units = len(text), utf16_length(text)
         return self.live.setdefault(turn_id, live)
 
 
-def _utf16_length(text: str) -> int:
+def utf16_length(text: str) -> int:
     """The length JavaScript gives ``text`` (characters past U+FFFF count twice)."""
     return len(text.encode("utf-16-le")) // 2
 

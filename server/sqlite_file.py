@@ -34,8 +34,13 @@ class StoreInUseError(Exception):
 
 def refuse_foreign(conn: sqlite3.Connection) -> None:
     """Refuse, before writing anything, a file another program's or a newer Hangar's."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    conn.execute("BEGIN")  # one reading of both: not half of another's first migration
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = int(conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0])
+    finally:
+        conn.execute("COMMIT")
     if version > len(MIGRATIONS):
         raise sqlite3.DatabaseError("a newer release of Hangar made it; this one cannot use it.")
-    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+    if version == 0 and tables:
         raise sqlite3.DatabaseError("it holds another program's tables, not Hangar's.")

@@ -193,12 +193,17 @@ def url(*schemes: str) -> Callable[[str], str]:
 
 
 def origin(text: str) -> str:
-    """A web origin: ``http://`` or ``https://``, a host and maybe a port, nothing more."""
-    checked = url("http", "https")(text).rstrip("/")
+    """A web origin: ``http://`` or ``https://``, a host and maybe a port, nothing more; as a
+    browser's ``Origin`` header says it (lower case, no default port)."""
+    checked = url("http", "https")(text)
     parts = urlsplit(checked)
-    if parts.path or parts.query or parts.fragment or parts.username:
+    if parts.path.strip("/") or "?" in checked or "#" in checked or "@" in parts.netloc:
         raise ValueError(f"expected an origin such as https://hangar.example, got {text!r}.")
-    return checked
+    scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}[scheme]
+    return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
 def directory(text: str) -> str:
@@ -230,12 +235,29 @@ def work_directory(text: str) -> str:
     return path
 
 
+WOULD_HOLD_DATABASE = (
+    "would hold the relay's database (its people, logins and tokens): give the drone a work "
+    "directory of its own."
+)
+
+
+def holds_database(workdir: str, database: str) -> bool:
+    """Whether the SQLite file ``database`` is, or will be, in ``workdir`` or below it."""
+    if "://" in database.removeprefix("sqlite:///"):
+        return False
+    path = Path(database.removeprefix("sqlite:///")).resolve()
+    return Path(workdir).resolve() in path.parents
+
+
 def relay_database_in(folder: Path) -> Path | None:
     """A relay's SQLite database directly in ``folder``, if there is one."""
-    with os.scandir(folder) as entries:
-        for _, entry in zip(range(LOOKED_AT), entries, strict=False):
-            if entry.is_file(follow_symlinks=False) and _is_relay_database(entry.path):
-                return Path(entry.path)
+    try:
+        with os.scandir(folder) as entries:
+            for _, entry in zip(range(LOOKED_AT), entries, strict=False):
+                if entry.is_file(follow_symlinks=False) and _is_relay_database(entry.path):
+                    return Path(entry.path)
+    except OSError as error:
+        raise ValueError(f"{str(folder)!r} cannot be read: {error.strerror}.") from None
     return None
 
 

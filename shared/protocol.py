@@ -80,17 +80,13 @@ RESYNC = "resync"
 open the session again for a fresh snapshot."""
 # relay -> drone
 WORK_ORDER = "workOrder"
-DISMISSED = "dismissed"
-"""``{reason}``: the relay drops this drone for good (its token was revoked, say)."""
+DISMISSED = "dismissed"  # {reason}: the relay drops this drone for good (its token was revoked)
 
-ABORTED = "aborted"
-"""The message of ``workOrderComplete(turnId, True, "aborted")``."""
+ABORTED = "aborted"  # the message of workOrderComplete(turnId, True, "aborted")
 
-NOT_LOGGED_IN = "Log in to continue."
-"""Why a browser connection is refused at connect (the page goes to ``/login``)."""
+NOT_LOGGED_IN = "Log in to continue."  # a browser refused at connect (the page goes to /login)
 ABORT_SIGNALED = "Abort signaled"
-STOP_AFTER_STEP = "Stopping after this step"
-"""The ack of ``abortWorkOrder {mode: "after_step"}``: the step in progress finishes first."""
+STOP_AFTER_STEP = "Stopping after this step"  # the ack of abortWorkOrder {mode: "after_step"}
 NO_ACTIVE_WORK_ORDER = "No active work order to abort"
 DRONE_OFFLINE = "Drone is offline"
 UNKNOWN_TURN = "Unknown turn"
@@ -264,8 +260,8 @@ class TurnEnded(Wire):
     ended_by: str | None = None
     usage: Usage | None = None
     text_chars: int = 0
-    """How long the turn's answer (``TurnView.text``) is as stored: a page that shows less
-    missed some of it and opens the session again."""
+    """The stored answer's length in UTF-16 units (``TurnView.text``, as JavaScript counts it):
+    a page that shows less missed some and opens the session again."""
 
 
 # ---- relay -> drone

@@ -8,6 +8,7 @@ work order in the same session is accepted by an upstream that rejects invalid h
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -411,8 +412,8 @@ async def test_a_file_of_a_megabyte_written_by_the_model_is_written(
     relay: RelayHandle, openai_peer: OpenAIPeer, drone: DroneHandle, browser: Browser
 ) -> None:
     content = "a" * 1_100_000
-    openai_peer.script(
-        Reply(chunks=[], tool_calls=[call("write_file", path="big.txt", content=content)]),
+    openai_peer.script(  # the content first: the path must still show, past the cut
+        Reply(chunks=[], tool_calls=[call("write_file", content=content, path="big.txt")]),
         Reply(chunks=["Written."]),
     )
     ack = await browser.submit("Write a big file")
@@ -426,4 +427,6 @@ async def test_a_file_of_a_megabyte_written_by_the_model_is_written(
     tool = next(
         a for e, a in browser.events if e == "workOrderProgress" and a.get("state") == "start"
     )
-    assert len(tool["arguments"]) < 101_000 and tool["arguments"].endswith("characters not shown]")
+    shown = json.loads(tool["arguments"])
+    assert shown["path"] == "big.txt"
+    assert shown["content"] == "a" * 20_000 + "[… 1080000 more characters not shown]"

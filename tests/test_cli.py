@@ -644,6 +644,17 @@ async def test_a_drone_refuses_a_work_directory_that_holds_a_relays_database(
         "",
         f"hangar demo: HANGAR_WORKDIR (for --workdir): '{tmp_path}' {refusal}\n",
     )
+    # The demo's own database, which it would make there, counts too.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    made_there = await hangar("demo", "--workdir", str(fresh), cwd=fresh)
+    assert made_there == (
+        2,
+        "",
+        f"hangar demo: --workdir: '{fresh}' would hold the relay's database (its people, "
+        "logins and tokens): give the drone a work directory of its own.\n",
+    )
+    assert not (fresh / "hangar.db").exists()
     # In a folder of its own, the relay's database no longer stands in the way.
     (tmp_path / "x.db").rename(relay_folder(tmp_path) / "x.db")
     _, _, stderr = await hangar("drone", "--workdir", str(tmp_path))
@@ -663,3 +674,7 @@ def test_allowed_origins_come_from_each_flag_or_else_from_the_environment(
     monkeypatch.setenv("HANGAR_ALLOWED_ORIGINS", "https://c.example, https://d.example")
     assert parsed("serve") == ["https://c.example", "https://d.example"]
     assert parsed("serve", *given[:2]) == ["https://a.example"]
+    # As a browser's Origin header says it: lower case, no default port.
+    assert parsed("serve", "--allowed-origin", "HTTPS://Hangar.Example:443/") == [
+        "https://hangar.example"
+    ]

@@ -33,6 +33,7 @@ from tests.conftest import (
     RelayHandle,
     Upstream,
     eventually,
+    relay_folder,
 )
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
@@ -525,7 +526,8 @@ async def test_a_queued_order_survives_a_restart_of_a_relay_on_sqlite(
 ) -> None:
     """The embedded default (one relay, SQLite): stopped and started again, it still has the
     order, and runs it once a drone comes."""
-    config = RelayConfig(port=0, database=str(tmp_path / "queue.db"), drone_token=DRONE_TOKEN)
+    database = str(relay_folder(tmp_path) / "queue.db")
+    config = RelayConfig(port=0, database=database, drone_token=DRONE_TOKEN)
     runner, port = await start_relay(config)
     try:
         token = await People(runner.app[RELAY].accounts).token("patient")

@@ -16,7 +16,9 @@ import pytest
 
 from hangar.drone.tools import ToolError
 from hangar.drone.tools.files import (
+    MAX_DEPTH,
     MAX_ENTRIES,
+    MAX_PATH_CHARS,
     MAX_SCANNED,
     list_directory,
     read_file,
@@ -247,3 +249,20 @@ async def test_a_write_of_text_that_is_not_unicode_leaves_the_file_as_it_was(
 
     assert str(refused.value) == "The content is not valid Unicode text; nothing was written."
     assert (workdir / "keep.txt").read_text() == "precious"
+
+
+async def test_a_path_too_deep_or_too_long_or_ending_in_a_slash_is_refused_and_makes_nothing(
+    workdir: Path,
+) -> None:
+    deep = "d/" * (MAX_DEPTH + 2) + "f.txt"
+    long = "x" * (MAX_PATH_CHARS + 1)
+    refusals = {
+        deep: f"A path may go {MAX_DEPTH} folders deep at most.",
+        long: f"A path may be {MAX_PATH_CHARS} characters long at most.",
+        "notes/": "'notes/' names a directory, not a file.",
+    }
+    for path, refusal in refusals.items():
+        with pytest.raises(ToolError) as refused:
+            await write_file(workdir, path, "text")
+        assert str(refused.value) == refusal
+    assert not (workdir / "d").exists() and not (workdir / "notes").exists()

@@ -34,6 +34,9 @@ MAX_SCANNED = 20_000
 """Entries of a folder read, at most: a listing of a larger one sorts the first it read."""
 MAX_LINKS = 40
 """Symlinks followed in one path, at most (the kernel's own limit)."""
+MAX_PATH_CHARS = 4096
+MAX_DEPTH = 128
+"""Folders deep a path may go (each holds a descriptor while the path is walked)."""
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 T = TypeVar("T")
@@ -47,6 +50,8 @@ def _parts(root: Path, path: str, where: str) -> list[str]:
     """``where`` (``path`` or a symlink's target in it) as parts relative to ``root``."""
     if "\0" in where:
         raise ToolError(f"The path {path!r} cannot be used: it contains a NUL character.")
+    if len(where) > MAX_PATH_CHARS:
+        raise ToolError(f"A path may be {MAX_PATH_CHARS} characters long at most.")
     if not where.startswith("/"):
         return where.split("/")
     absolute = PurePosixPath(os.path.normpath(where))
@@ -60,6 +65,8 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
     folder itself), with every symlink on the way followed inside ``root`` only. With
     ``make_folders``, missing folders on the way are made. The caller closes the folder."""
     pending = deque(_parts(root, path, path))
+    if sum(part not in ("", ".", "..") for part in pending) > MAX_DEPTH + 1:
+        raise ToolError(f"A path may go {MAX_DEPTH} folders deep at most.")
     folders = [os.open(root, DIRECTORY)]
     links = 0
     try:
@@ -90,6 +97,8 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
                 continue
             if all(rest in ("", ".") for rest in pending):
                 return os.dup(folders[-1]), part
+            if len(folders) > MAX_DEPTH:
+                raise ToolError(f"A path may go {MAX_DEPTH} folders deep at most.")
             folders.append(_enter(folders[-1], part, path, make_folders))
     finally:
         for folder in folders:
@@ -115,6 +124,8 @@ def _enter(parent: int, name: str, path: str, make: bool) -> int:
 
 def _open(root: Path, path: str, flags: int, *, make_folders: bool = False) -> int:
     """Open the file ``path`` names (no symlink, no blocking on a FIFO) and check what it is."""
+    if path.endswith("/"):
+        raise ToolError(f"{path!r} names a directory, not a file.")
     folder, name = _walk(root, path, make_folders=make_folders)
     try:
         flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -222,5 +233,8 @@ async def write_file(
             file.truncate(0)  # only now: a refused file is left as it was
             file.write(data)
 
-    await _off_loop(write, signal)
+    # Not left to run on after an abort: a write is bounded, and a file half written by a
+    # turn already reported aborted could overwrite the next turn's.
+    del signal
+    await asyncio.to_thread(write)
     return f"Wrote {len(content)} characters to {path}."
