@@ -515,13 +515,20 @@ async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected
         await browser.close()
 
 
+def work_folder(tmp_path: Path) -> Path:
+    """The demo drone's work directory: apart from its relay's database."""
+    folder = tmp_path / "work"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 async def start_demo(tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, str]:
     """``hangar demo`` on SQLite in ``tmp_path``, once it says where to open it; its log, URL."""
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
             *HANGAR, "demo", "--port", "0", "--database", str(relay_folder(tmp_path) / "demo.db"),
-            "--workdir", str(tmp_path),
+            "--workdir", str(work_folder(tmp_path)),
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     found = await eventually(
