@@ -40,10 +40,10 @@ FAILURES = (aioredis.RedisError, OSError, TimeoutError)
 
 
 def once_more() -> Retry:
-    """How every Redis call is tried again: once, at once, on a fresh connection, and only when
-    the connection failed (Redis closed it as it restarted, say), never after a timeout; so a
-    call fails within ``CALL_TIMEOUT`` (twice that at worst), not after redis-py's default of
-    ten tries with waits between them."""
+    """How every Redis call is tried again: once, at once, on a fresh connection, when its
+    connection failed (Redis closed it as it restarted, say; with redis-py's defaults the first
+    call after a restart failed). A timeout is not tried again: a call fails within
+    ``CALL_TIMEOUT``."""
     return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
 
 
