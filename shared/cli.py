@@ -94,9 +94,18 @@ def add_setting(
     found = next((name for name in names if os.environ.get(name)), None)
     value = FromEnv(os.environ[found], found) if found else default
 
+    parser.add_argument(flag, default=value, type=_reported(parser, flag, check or str), **options)
+
+
+def _reported(
+    parser: argparse.ArgumentParser, flag: str, check: Callable[[str], Any]
+) -> Callable[[str], Any]:
+    """``check`` as argparse's ``type``: what it refuses is one line naming the option, or the
+    variable the text came from."""
+
     def convert(text: str) -> Any:
         try:
-            return check(text) if check else str(text)
+            return check(text)
         except ValueError as error:
             if isinstance(text, FromEnv):
                 raise SettingError(
@@ -104,7 +113,7 @@ def add_setting(
                 ) from None
             raise argparse.ArgumentTypeError(str(error)) from None
 
-    parser.add_argument(flag, default=value, type=convert, **options)
+    return convert
 
 
 def add_list_setting(
@@ -118,19 +127,13 @@ def add_list_setting(
     """A repeatable ``flag``, each value checked; when it is not given, the comma-separated
     values of ``env``, each checked as well."""
 
-    def convert(text: str) -> str | list[str]:
-        try:
-            if isinstance(text, FromEnv):
-                return [check(part.strip()) for part in text.split(",") if part.strip()]
-            return check(text)
-        except ValueError as error:
-            if isinstance(text, FromEnv):
-                raise SettingError(
-                    f"{parser.prog}: {text.variable} (for {flag}): {error}"
-                ) from None
-            raise argparse.ArgumentTypeError(str(error)) from None
+    def each(text: str) -> str | list[str]:
+        if isinstance(text, FromEnv):
+            return [check(part.strip()) for part in text.split(",") if part.strip()]
+        return check(text)
 
     default = FromEnv(os.environ.get(env, ""), env)
+    convert = _reported(parser, flag, each)
     parser.add_argument(flag, default=default, type=convert, action=_Repeated, **options)
 
 
