@@ -43,6 +43,7 @@ from .providers import (
     ToolSpec,
     UsageReport,
 )
+from .report import cut
 
 log = logging.getLogger("hangar.agent")
 
@@ -294,11 +295,7 @@ class Agent:
 def _fitted(result: str) -> str:
     """A tool's result as the model gets it: whole characters, at most
     ``MAX_TOOL_RESULT_CHARS`` of them."""
-    result = whole_text(result)
-    if len(result) <= MAX_TOOL_RESULT_CHARS:
-        return result
-    left = len(result) - MAX_TOOL_RESULT_CHARS
-    return f"{result[:MAX_TOOL_RESULT_CHARS]}\n[… {left} more characters not shown]"
+    return cut(whole_text(result), MAX_TOOL_RESULT_CHARS, "\n")
 
 
 def _wire_size(event: ChatEvent) -> int:

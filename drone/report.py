@@ -171,12 +171,15 @@ def _shown(arguments: str) -> str:
         shown = json.dumps(shortened, ensure_ascii=False)
         if len(shown) <= SHOWN_ARGUMENTS_CHARS:
             return shown
-    left = len(arguments) - SHOWN_ARGUMENTS_CHARS
-    return f"{arguments[:SHOWN_ARGUMENTS_CHARS]}[… {left} more characters not shown]"
+    return cut(arguments, SHOWN_ARGUMENTS_CHARS)
 
 
 def _cut(value: object) -> object:
-    if not isinstance(value, str) or len(value) <= SHOWN_VALUE_CHARS:
-        return value
-    left = len(value) - SHOWN_VALUE_CHARS
-    return f"{value[:SHOWN_VALUE_CHARS]}[… {left} more characters not shown]"
+    return cut(value, SHOWN_VALUE_CHARS) if isinstance(value, str) else value
+
+
+def cut(text: str, limit: int, between: str = "") -> str:
+    """``text``'s first ``limit`` characters and how many more there were, or all of it."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}{between}[… {len(text) - limit} more characters not shown]"
