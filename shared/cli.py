@@ -100,8 +100,7 @@ def add_setting(
 def _reported(
     parser: argparse.ArgumentParser, flag: str, check: Callable[[str], Any]
 ) -> Callable[[str], Any]:
-    """``check`` as argparse's ``type``: what it refuses is one line naming the option, or the
-    variable the text came from."""
+    """``check`` as argparse's ``type``: a refusal names the option, or the variable used."""
 
     def convert(text: str) -> Any:
         try:
