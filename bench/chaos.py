@@ -102,7 +102,8 @@ class Chaos:
         args = ["-m", "bench.hangar_mono", "drone", "--server", ",".join(self.urls)]
         args += ["--token", self.drone_tokens[index], "--provider", "openai", "--model", "m"]
         args += ["--base-url", self.peer + "/v1", "--api-key", "x", "--tools", "run_shell=allow"]
-        args += ["--concurrency", str(self.args.concurrency), "--workdir", str(self.stack.workdir)]
+        args += ["--concurrency", str(self.args.concurrency)]
+        args += ["--workdir", str(self.stack.drone_workdir)]
         return self.stack.spawn(self._name(f"drone-{index}"), args)
 
     async def start(self) -> None:

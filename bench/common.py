@@ -87,7 +87,13 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.drone_workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def drone_workdir(self) -> Path:
+        """The drones' ``--workdir``: not ``workdir``, which holds the relays' databases (a
+        drone refuses a work directory holding one)."""
+        return self.workdir / "drone-work"
 
     def spawn(self, name: str, args: Sequence[str], python: bool = True) -> Proc:
         log = self.workdir / f"{name}.log"
@@ -149,7 +155,7 @@ class Stack:
         )
         args = ["-m", "bench.hangar_mono", "drone", "--server", relay, "--token", TOKEN]
         args += ["--name", name, "--provider", provider, *upstream]
-        args += ["--concurrency", str(concurrency), "--workdir", str(self.workdir)]
+        args += ["--concurrency", str(concurrency), "--workdir", str(self.drone_workdir)]
         return self.spawn(name, args)
 
 

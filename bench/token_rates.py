@@ -111,7 +111,7 @@ def spawn_drones(stack: Stack, relay: str, peer: str, args: argparse.Namespace) 
         argv = ["-m", "bench.hangar_mono", "drone", "--server", relay, "--token", TOKEN]
         argv += ["--name", f"drone-{i}", "--provider", "openai", "--base-url", peer + "/v1"]
         argv += ["--api-key", "x", "--model", "m", "--concurrency", str(per_drone)]
-        argv += ["--workdir", str(stack.workdir)]
+        argv += ["--workdir", str(stack.drone_workdir)]
         argv += ["--workers", args.workers] if args.workers is not None else []
         with pythonpath(args.tree):
             drones.append(stack.spawn(f"drone-{i}", argv))
