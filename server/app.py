@@ -149,17 +149,24 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await relay.store.open()
-        if manager is not None and not sio.manager_initialized:
-            # Measured: the Redis listener otherwise starts with the first client connection,
-            # and acks aimed at clients on other relays time out until then.
-            sio.manager_initialized = True
-            manager.initialize()
-        await relay.start()
+        try:
+            if manager is not None and not sio.manager_initialized:
+                # Measured: the Redis listener otherwise starts with the first client
+                # connection, and acks aimed at clients on other relays time out until then.
+                sio.manager_initialized = True
+                manager.initialize()
+            await relay.start()
+        except BaseException:  # Redis failing, or Ctrl-C, mid-start: close what was opened
+            for opened in (relay.close, relay.store.close, *([manager.close] if manager else [])):
+                with contextlib.suppress(Exception):
+                    await opened()
+            raise
         revocations = asyncio.ensure_future(
             follow_revocations(relay.accounts, [browsers.revoked, drones.revoked])
         )
         yield
-        log.info("stopping: finishing what is in flight")
+        said = log.info if relay.listening else log.debug
+        said("stopping: finishing what is in flight")
         revocations.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await revocations
@@ -176,7 +183,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(0.5):
                 await sio.shutdown()
-        log.info("stopped in %.2f s", time.monotonic() - stopping[0] if stopping else 0.0)
+        said("stopped in %.2f s", time.monotonic() - stopping[0] if stopping else 0.0)
 
     stopping: list[float] = []
 
@@ -185,7 +192,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         them): drones are dropped, so they move to another relay (or come back to this one when
         it is up again) with their work going on; browsers reconnect the same way."""
         stopping.append(time.monotonic())
-        log.info(
+        (log.info if relay.listening else log.debug)(
             "stopping: no new connections; %d drones move to another relay, %d browsers close",
             len(relay.directory.local),
             len(browsers.connections),

@@ -38,6 +38,8 @@ class Relay:
         self.sio = sio
         self.live_state = live_state
         self.drone_token = drone_token
+        self.listening = False
+        """Set once the relay listens: a relay that could not start says nothing of stopping."""
         self.metrics = RelayMetrics()
         self.background = Background()
         self.accounts = Accounts(store)

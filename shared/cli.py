@@ -1,6 +1,6 @@
 """The ``hangar`` command. Each part brings its own subcommands, imported only when used: the
-relay's (``serve``, ``demo``) from ``hangar.server.cli``, the account commands (``user``,
-``token``, ``drone-token``) from ``hangar.server.accounts_cli``, the drone's from
+relay's from ``hangar.server.cli`` (``serve``) and ``hangar.server.demo``, the account commands
+(``user``, ``token``, ``drone-token``) from ``hangar.server.accounts_cli``, the drone's from
 ``hangar.drone.cli``.
 So ``hangar serve`` never loads the drone or a model SDK, and ``hangar drone`` never loads the
 relay.
@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 
 PARTS = {
     "serve": "hangar.server.cli",
-    "demo": "hangar.server.cli",
+    "demo": "hangar.server.demo",
     "user": "hangar.server.accounts_cli",
     "token": "hangar.server.accounts_cli",
     "drone-token": "hangar.server.accounts_cli",

@@ -678,3 +678,78 @@ def test_allowed_origins_come_from_each_flag_or_else_from_the_environment(
     assert parsed("serve", "--allowed-origin", "HTTPS://Hangar.Example:443/") == [
         "https://hangar.example"
     ]
+
+
+@pytest.mark.parametrize("where", ["a host that does not resolve", "a port in use"])
+async def test_a_relay_that_cannot_listen_says_why_in_one_line_and_nothing_else(
+    tmp_path: Path, where: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        host = "999.1.1.1" if where == "a host that does not resolve" else "127.0.0.1"
+        db = str(tmp_path / "relay.db")
+
+        code, stdout, stderr = await hangar(
+            "serve", "--host", host, "--port", str(port), "--database", db
+        )
+
+    reason = "Name or service not known" if host == "999.1.1.1" else "address already in use"
+    assert (code, stdout) == (1, "")
+    assert stderr == f"hangar serve: cannot listen on {host}:{port}: {reason}.\n"
+
+
+async def test_ctrl_c_while_the_demo_starts_its_drone_stops_it_without_saying_it_runs(
+    tmp_path: Path,
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    demo = await start(
+        "demo", "--port", "0", "--database", str(relay_folder(tmp_path) / "demo.db"),
+        env={"TMPDIR": str(temporary)},
+    )  # fmt: skip
+    children = Path(f"/proc/{demo.pid}/task/{demo.pid}/children")
+    await eventually(lambda: children.read_text().strip(), 20, "the demo to start its drone")
+
+    demo.send_signal(signal.SIGINT)  # before the drone has connected
+    stdout, stderr = await asyncio.wait_for(demo.communicate(), 15)
+
+    assert demo.returncode == 0
+    assert "running" not in stdout.decode()
+    assert loud_lines(stderr.decode()) == []
+    assert list(temporary.iterdir()) == []  # its fresh work folder is gone too
+
+
+async def test_a_relay_stopped_while_it_waits_for_redis_lets_go_of_its_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """Stopped mid-start (Ctrl-C while Redis does not answer), a relay closes what it opened,
+    so a relay started again in the same process gets the file."""
+    greeted: list[bytes] = []
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        greeted.append(await reader.read(100))  # and never answers
+
+    redis = await asyncio.start_server(silent, "127.0.0.1", 0)
+    db = str(relay_folder(tmp_path) / "relay.db")
+    stalled = RelayConfig(
+        port=0, database=db, redis=f"redis://127.0.0.1:{redis.sockets[0].getsockname()[1]}/0"
+    )
+    try:
+        starting = asyncio.ensure_future(start_relay(stalled))
+        # The relay's live state and python-socketio's Redis manager each connect and say
+        # HELLO; then both wait for an answer.
+        await eventually(lambda: len(greeted) == 2, 20, "the relay to wait for Redis")
+
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        runner, _ = await start_relay(RelayConfig(port=0, database=db))
+        await runner.cleanup()
+    finally:
+        for writer in held:
+            writer.close()
+        redis.close()

@@ -1,0 +1,196 @@
+"""``hangar demo``: a relay and one drone, until Ctrl-C.
+
+The demo's drone is a child process (``python -m hangar.drone``): the relay and the drone meet
+only on the wire, even here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from aiohttp import web
+
+from hangar.shared import runtime
+from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.cli import WOULD_HOLD_DATABASE, add_setting, holds_database, work_directory
+
+from .access import is_loopback
+from .accounts import Accounts
+from .app import RELAY, RelayConfig, open_store
+from .cli import (
+    SHUTDOWN,
+    RelayStartError,
+    add_relay_arguments,
+    cannot_open,
+    relay_config,
+    start_relay,
+)
+from .demo_model import DEMO_MODEL, DEMO_PATH
+
+log = logging.getLogger("hangar")
+
+DRONE_START_TIMEOUT = 30.0
+DRONE_STOP_TIMEOUT = 10.0
+DEMO_USER = "demo"
+DEMO_DRONE = "demo-drone"
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="run a relay and one drone",
+        description="Run a relay and one drone. With no OPENAI_API_KEY or OLLAMA_HOST the drone "
+        "talks to the built-in offline demo model.",
+    )
+    add_relay_arguments(demo)
+    add_setting(demo, "--model", env="HANGAR_MODEL", default="", help="(HANGAR_MODEL)")
+    add_setting(
+        demo,
+        "--workdir",
+        env="HANGAR_WORKDIR",
+        default=None,
+        check=work_directory,
+        help="an existing directory, the only one the drone's tools may touch (HANGAR_WORKDIR; "
+        "default: a fresh folder in the system's temporary folder, removed when the demo stops)",
+    )
+
+
+def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
+    """The demo drone's command-line arguments, and a label for what it talks to."""
+    openai_key = os.environ.get("OPENAI_API_KEY")
+    ollama_host = os.environ.get("OLLAMA_HOST")
+    common = ["--server", base]
+    if openai_key:
+        chosen = model or "gpt-4o-mini"
+        return [*common, "--provider", "openai", "--model", chosen], f"OpenAI model {chosen}"
+    if ollama_host:
+        chosen = model or "llama3.2"
+        label = f"Ollama model {chosen} at {ollama_host}"
+        return [*common, "--provider", "ollama", "--model", chosen], label
+    arguments = [*common, "--provider", "openai", "--base-url", base + DEMO_PATH]
+    return [*arguments, "--model", DEMO_MODEL], "the offline demo model (canned answers, no LLM)"
+
+
+async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: str) -> int:
+    """Run a relay and its drone until Ctrl-C; the drone's tools work in ``workdir``, else in
+    a fresh folder removed at the end."""
+    if workdir and holds_database(workdir, config.database):
+        print(f"hangar demo: --workdir: {workdir!r} {WOULD_HOLD_DATABASE}", file=sys.stderr)
+        return 2
+    root = AbortController()
+    runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
+    config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))
+    if is_loopback(config.host):
+        config.demo_user = DEMO_USER
+    try:
+        async with root.signal.scope():  # Ctrl-C while the database does not answer
+            if not is_loopback(config.host) and not await _has_accounts(config):
+                print(
+                    f"hangar demo: on {config.host} the page is open to the network and needs "
+                    f"accounts: add one with hangar user add NAME --admin --database "
+                    f"{config.database}",
+                    file=sys.stderr,
+                )
+                return 2
+            runner, port = await start_relay(config)
+    except RelayStartError as error:
+        print(f"hangar demo: {error}", file=sys.stderr)
+        return 1
+    except AbortError:
+        return 0
+    base = f"http://{config.host}:{port}"
+    arguments, label = demo_drone_arguments(base, model)
+    token = await _demo_drone_token(runner.app[RELAY].accounts)
+    env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
+    scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
+    arguments += ["--workdir", workdir or str(scratch), "--log-level", log_level]
+    # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once;
+    # a demo killed outright takes it along (SIGTERM: it still stops as if Ctrl-C'd).
+    drone = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "hangar.drone",
+        *arguments,
+        env=env,
+        start_new_session=True,
+        preexec_fn=functools.partial(runtime.dies_with, os.getpid()),
+    )
+    try:
+        try:
+            async with root.signal.scope():  # Ctrl-C before the drone is up: it stops here
+                connected = await _drone_connected(runner, drone)
+        except AbortError:
+            return 0
+        if not connected:
+            print("hangar demo: the demo drone did not start.", file=sys.stderr)
+            return 1
+        print(f"Hangar demo running: open {base}/ in your browser", flush=True)
+        print(f"One drone is connected, using {label}. Press Ctrl-C to stop.", flush=True)
+        where = f"{scratch} (removed when the demo stops)" if scratch else workdir
+        print(f"Its tools work in {where}.", flush=True)
+        stopped = asyncio.ensure_future(root.signal.wait())
+        exited = asyncio.ensure_future(drone.wait())
+        await asyncio.wait((stopped, exited), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        exited.cancel()
+        return 0 if root.signal.aborted else 1
+    finally:
+        await _stop_child(drone)
+        await runner.cleanup()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def _has_accounts(config: RelayConfig) -> bool:
+    store = open_store(config.database)
+    try:
+        await store.open()
+    except Exception as error:
+        log.debug("the database could not be opened", exc_info=True)
+        raise RelayStartError(cannot_open(config, error)) from error
+    try:
+        return bool(await Accounts(store).users())
+    finally:
+        await store.close()
+
+
+async def _demo_drone_token(accounts: Accounts) -> str:
+    """A fresh token for the demo's drone (an earlier run's is revoked)."""
+    await accounts.revoke_drone_token(DEMO_DRONE)
+    return await accounts.create_drone_token(DEMO_DRONE)
+
+
+async def _drone_connected(runner: web.AppRunner, drone: asyncio.subprocess.Process) -> bool:
+    relay = runner.app[RELAY]
+    deadline = asyncio.get_running_loop().time() + DRONE_START_TIMEOUT
+    while not relay.directory.local:
+        if drone.returncode is not None or asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)  # polling a child process start, bounded above
+    return True
+
+
+async def _stop_child(process: asyncio.subprocess.Process) -> None:
+    """Shut the drone down (it aborts its turns and reports them aborted by a shutdown), then
+    kill it if it lingers."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), DRONE_STOP_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    return runtime.run(demo(relay_config(args), args.model, args.workdir, args.log_level))
