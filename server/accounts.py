@@ -132,6 +132,13 @@ class Accounts:
         user = await self.user(name)
         if user is None:
             return False
+        if user.role == "admin":
+            others = [u for u in await self.users() if u.user_id != user.user_id]
+            if others and all(u.role != "admin" for u in others):
+                raise AccountError(
+                    f"{name} is the last admin: add another admin first (hangar user add NAME "
+                    "--admin), or remove the others."
+                )
         await self.db.execute("DELETE FROM users WHERE user_id = ?", user.user_id)
         await self._revoke("user", user.user_id)
         return True

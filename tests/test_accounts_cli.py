@@ -76,6 +76,27 @@ async def test_people_are_added_listed_given_passwords_and_removed(tmp_path: Pat
     assert (await hangar("user", "list", "--database", db))[1].count("\n") == 1
 
 
+async def test_the_last_admin_is_not_removed_while_others_have_accounts(tmp_path: Path) -> None:
+    """Else nobody could see every turn or manage the deployment from the page."""
+    db = str(tmp_path / "hangar.db")
+    for arguments in (("ada", "--admin"), ("bob",), ("cy", "--admin")):
+        assert (await hangar("user", "add", *arguments, "--no-password", "--database", db))[0] == 0
+
+    assert (await hangar("user", "remove", "cy", "--database", db))[0] == 0
+    refused = await hangar("user", "remove", "ada", "--database", db)
+    assert (await hangar("user", "remove", "bob", "--database", db))[0] == 0
+    alone = await hangar("user", "remove", "ada", "--database", db)
+
+    assert refused == (
+        1,
+        "",
+        "hangar user remove: ada is the last admin: add another admin first (hangar user add "
+        "NAME --admin), or remove the others.\n",
+    )
+    assert alone == (0, "Removed ada; their connections are closed.\n", "")
+    assert (await hangar("user", "list", "--database", db))[1].startswith("No accounts yet")
+
+
 async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> None:
     db = str(tmp_path / "hangar.db")
     await hangar("user", "add", "ada", "--no-password", "--database", db)
