@@ -234,6 +234,8 @@ class RelayConnection:
         """Connect to the first relay that answers; raise ``ConnectionError`` if none does,
         ``DroneRefusedError`` if one refuses this drone."""
         for _ in self.urls:
+            if self.sio.connected:  # python-socketio's own reconnect got there meanwhile
+                return
             try:
                 await self.sio.connect(
                     self.next_url,
@@ -245,6 +247,10 @@ class RelayConnection:
             except socketio.exceptions.ConnectionError:
                 if self.refusal:
                     raise DroneRefusedError(self.refusal) from None
+                continue
+            except ValueError:  # a connect under way: python-socketio's own, after a drop
+                if self.sio.connected:
+                    return
                 continue
             self._attempts = self.urls.index(self.url)  # reconnect to this relay first
             return
@@ -339,8 +345,17 @@ class RelayConnection:
         self.refused.set()
 
     async def _on_connect_error(self, data: Any = None) -> None:
-        # The relay's own refusals arrive as {"message": ...}; transport failures as text.
-        if isinstance(data, dict):
+        # The relay's own refusals arrive as {"message": ...}; transport failures as text. A
+        # relay that cannot let the drone in just now (its database or Redis does not answer)
+        # adds {"data": {"again": true}}: the drone comes again, as after a drop.
+        again = (
+            isinstance(data, dict)
+            and isinstance(data.get("data"), dict)
+            and data["data"].get("again") is True
+        )
+        if again:
+            log.info("the relay cannot let this drone in just now: %s", data.get("message"))
+        elif isinstance(data, dict):
             self._refuse(str(data.get("message") or "The relay refused this drone."))
             log.debug("relay refused this drone: %s", self.refusal)
         else:

@@ -10,6 +10,7 @@ takes over a drone's route and running work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 from typing import Any
@@ -33,7 +34,7 @@ from hangar.shared.protocol import (
 )
 
 from .accounts import Revocation
-from .connections import ConnectionNamespace
+from .connections import UNAVAILABLE, ConnectionNamespace, failures
 from .lanes import TurnLanes
 from .limits import one_payload, refusal
 from .live_state import DroneRoute
@@ -111,6 +112,21 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
         return None if connection is None else connection.event(data)
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
+        try:
+            await self._let_in(sid, auth)
+        except socketio.exceptions.ConnectionRefusedError:
+            raise
+        except Exception as error:  # the store or Redis does not answer: the drone comes again
+            connection = self.connections.pop(sid, None)
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.close()
+            failures.warning(
+                "drone not let in (%s: %s); it tries again", type(error).__name__, error
+            )
+            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE, {"again": True}) from None
+
+    async def _let_in(self, sid: str, auth: Any) -> None:
         if not isinstance(auth, dict) or not isinstance(auth.get("token"), str):
             raise socketio.exceptions.ConnectionRefusedError(TOKEN_REQUIRED)
         token: str = auth["token"]

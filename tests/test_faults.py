@@ -17,6 +17,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+import socketio
+from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import OwnPostgres, OwnRedis, free_port
@@ -666,6 +668,94 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
     finally:
         await browser.close()
         await store.close()
+
+
+async def test_a_drone_connecting_while_redis_stalls_is_let_in_once_it_answers(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+) -> None:
+    """The relay cannot check the drone's route while Redis stalls: it says so in one line,
+    without a traceback, and the drone (told to come again, not refused) is in once Redis
+    answers."""
+    # A grace of 3 s: the drone keeps its connection open past the relay's 2 s wait for Redis.
+    relay = await relay_processes(redis=own_redis.url, drone_grace=3.0)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(relay.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        own_redis.pause()
+        drone = drone_process(Upstream("openai", openai_peer), server=relay.url)
+        await eventually(
+            lambda: b"drone not let in" in relay.log.read_bytes(), 30, "the drone to be told"
+        )
+        own_redis.resume()
+
+        await eventually(lambda: _drones(browser), timeout=30, what="the drone")
+        openai_peer.script(Reply(chunks=["in ", "at last"]))
+        ack = await browser.submit("After the stall")
+        assert await browser.completion(ack["turnId"], timeout=20) == (
+            ack["turnId"],
+            True,
+            "in at last",
+        )
+        assert drone.poll() is None
+        log = relay.log.read_text()
+        assert "Traceback" not in log and " ERROR " not in log, log
+    finally:
+        own_redis.resume()
+        await browser.close()
+        await store.close()
+
+
+async def test_a_drone_whose_relay_does_not_answer_its_connect_waits_and_connects_later(
+    drone_process: Start, openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A relay that takes the websocket but leaves the drone's connect unanswered while the
+    engine.io connection times out: python-socketio's own reconnect and the drone's next
+    attempt meet. The drone keeps trying (it used to exit with a traceback on its third
+    attempt) and is in once the relay answers."""
+    answering = asyncio.Event()
+    attempts: list[str] = []
+    joined: list[str] = []
+    sio = socketio.AsyncServer(async_mode="aiohttp", ping_interval=0.5, ping_timeout=1)
+
+    async def on_connect(sid: str, environ: Any, auth: Any) -> None:
+        attempts.append(sid)
+        await answering.wait()
+        joined.append(sid)
+
+    sio.on("connect", on_connect, namespace=DRONE_NAMESPACE)
+    app = web.Application()
+    sio.attach(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    drone = drone_process(Upstream("openai", openai_peer), server=url)
+    log = tmp_path / "proc-drone-0.log"
+    try:
+        # Its own attempts end "not up yet" (python-socketio's reconnects come in between);
+        # the third met one of those.
+        await eventually(
+            lambda: log.read_text().count("not up yet") >= 3 or drone.poll() is not None,
+            60,
+            "three attempts",
+        )
+        answering.set()
+
+        def connected() -> bool:
+            return any(sio.manager.is_connected(sid, DRONE_NAMESPACE) for sid in joined)
+
+        await eventually(lambda: connected() or drone.poll() is not None, 30, "the drone to join")
+        assert drone.poll() is None
+        assert connected()
+    finally:
+        answering.set()
+        await runner.cleanup()
 
 
 async def test_an_abort_through_another_relay_while_redis_is_down_still_stops_the_model(
