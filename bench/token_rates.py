@@ -250,7 +250,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 result = await one_run(args, n * args.attempts + attempt, workdir)
                 if result["others"] <= args.redo_above:
                     break
-                print(f"- run {n}: the rest of the machine used {result['others']:.0%}; again")
+                last = attempt == args.attempts - 1
+                verdict = "kept, no tries left" if last else "again"
+                print(f"- run {n}: the rest of the machine used {result['others']:.0%}; {verdict}")
             results.append(result)
     rows = []
     for step in STEPS:
