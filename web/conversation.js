@@ -4,6 +4,7 @@ import { createApprovals } from "./approval.js";
 import { watchCodeCopy } from "./copy.js";
 import { OPEN_SESSION, TEXT_DELTA, TOOL_ACTIVITY } from "./protocol.js";
 import { request } from "./socket.js";
+import { carriedOver, carryOver, restoreSubAgentOutput, subAgentOutput } from "./sub-agents.js";
 import { TurnCard } from "./turns.js";
 import { announce, byId, h, nearBottom, toast } from "./ui.js";
 
@@ -23,6 +24,9 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
   const loading = byId("loading");
   const jump = byId("jump-latest");
   watchCodeCopy(list);
+  // Sub-agents' output is in no snapshot: a reload carries the running turns' over.
+  const carried = carriedOver();
+  window.addEventListener("pagehide", () => carryOver(state.cards.values()));
 
   // ---- following the stream
   // The view follows new output while it is at the bottom. Only the person scrolling up stops
@@ -154,7 +158,7 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     const shown = new Map();
     for (const [id, card] of state.cards) {
       if (card.sessionId !== sessionId) continue;
-      shown.set(id, card.answer);
+      shown.set(id, card);
       state.cards.delete(id);
     }
     const cards = turns
@@ -164,16 +168,25 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
       .map((view) => {
         // A relay that has just restarted may hold less of a running turn's text than this
         // page shows (its drone sends the rest within a moment): never show less.
-        const before = shown.get(view.turnId) ?? "";
+        const before = shown.get(view.turnId);
         const text = typeof view.text === "string" ? view.text : "";
-        if (view.status === "processing" && before.length > text.length && before.startsWith(text)) {
-          view = { ...view, text: before };
+        if (view.status === "processing" && before?.answer.length > text.length && before.answer.startsWith(text)) {
+          view = { ...view, text: before.answer };
         }
         const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
         const done = state.completions.get(card.turnId);
         if (done) card.end(done);
-        state.orphans.delete(card.turnId); // the snapshot already holds what was streamed
+        // What its sub-agents streamed is not in the snapshot: from the card shown until now,
+        // else from before a reload.
+        const subAgents = before ? subAgentOutput(before) : carried.get(card.turnId);
+        carried.delete(card.turnId);
+        if (card.processing && subAgents) restoreSubAgentOutput(card, subAgents);
         state.cards.set(card.turnId, card);
+        // What came while the snapshot was on its way (the room was joined first) follows it;
+        // what the snapshot holds already is not shown twice (text by its place, calls by id).
+        const early = state.orphans.get(card.turnId);
+        state.orphans.delete(card.turnId);
+        if (early) for (const ev of early) applyProgress(card, ev, { quiet: true });
         return card;
       });
     showCards(cards);
@@ -280,13 +293,16 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     if (early.length < MAX_ORPHAN_EVENTS) early.push(ev);
   }
 
-  function applyProgress(card, ev) {
+  /** `quiet`: the card is not shown yet (its snapshot's caller tells of it). */
+  function applyProgress(card, ev, { quiet = false } = {}) {
     if (card.ended) return; // late output of an ended turn
     if (!card.processing) {
       // Output means the turn has started, whatever an older view said.
       card.setStatus("processing");
-      onStatus(card);
-      onChange();
+      if (!quiet) {
+        onStatus(card);
+        onChange();
+      }
     }
     if (ev.kind === TEXT_DELTA) {
       let text = ev.text;

@@ -65,7 +65,9 @@ export class ToolLine {
       this.resultBody.textContent = this.result;
       this.resultEl.hidden = false;
     }
-    if (ev.state && TOOL_BADGES[ev.state]) this.state = ev.state;
+    // An ended call never opens again (older news of it, come after the snapshot that ended it).
+    const reopens = !this.open && OPEN_TOOL_STATES.includes(ev.state);
+    if (ev.state && TOOL_BADGES[ev.state] && !reopens) this.state = ev.state;
     // A call that ended with an error result failed, whatever state it was reported in.
     const badge = this.state === "end" && FAILED_RESULT.test(this.result ?? "") ? "error" : this.state;
     this.el.dataset.state = this.state;

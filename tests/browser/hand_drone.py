@@ -99,6 +99,7 @@ class HandDrone:
         name: str = "read_file",
         arguments: str | None = None,
         result: str | None = None,
+        depth: int = 0,
     ) -> None:
         payload: dict[str, Any] = {
             "kind": "tool",
@@ -106,12 +107,19 @@ class HandDrone:
             "callId": call_id,
             "name": name,
             "state": state,
+            "depth": depth,
         }
         if arguments is not None:
             payload["arguments"] = arguments
         if result is not None:
             payload["result"] = result
         await self._progress(payload)
+
+    async def message(self, turn_id: str, number: int, message: dict[str, Any]) -> None:
+        """A finished message of the turn's own conversation, for the relay to store."""
+        await self._progress(
+            {"kind": "message", "turnId": turn_id, "number": number, "message": message}
+        )
 
     async def complete(
         self, turn_id: str, success: bool, message: str, ending: dict[str, Any] | None = None

@@ -1,0 +1,181 @@
+"""A sub-agent's output in real Chromium, across a reload: the relay's snapshot of a running
+turn holds only the turn's own text and messages, not what its sub-agents streamed, so a page
+reloaded (or opened again) mid-sub-agent must not lose that output or show only its tail, and
+what streams while the snapshot is on its way is shown too. The reloaded page is compared with
+a second page of the same person that stayed open all along."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, expect
+
+from tests.browser.hand_drone import HandDrone
+from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit, turn_id_of
+from tests.conftest import RelayHandle
+
+pytestmark = pytest.mark.browser
+
+SPAWN_ARGS = json.dumps({"task": "List the files and say what they hold"})
+
+# What a turn's output shows, part by part: text segments (with their depth and their drawn
+# Markdown) and tool lines (depth, call, badge, result).
+SHOWN = """(id) => {
+    const out = document.querySelector(`article.turn[data-turn-id="${id}"] .turn-output`);
+    if (!out) return null;
+    return [...out.children].map((el) =>
+        el.classList.contains("tool")
+            ? ["tool", el.dataset.depth, el.dataset.callId,
+               el.querySelector(".tool-badge").textContent,
+               el.querySelector(".tool-result-body").textContent]
+            : ["text", el.dataset.depth, el.innerHTML]);
+}"""
+
+
+async def shown(page: Page, turn_id: str) -> Any:
+    return await page.evaluate(SHOWN, turn_id)
+
+
+async def settled(page: Page, turn_id: str, words: str) -> Any:
+    """What the turn shows once ``words`` are drawn in it (the stayed page's view)."""
+    await page.wait_for_function(
+        """([id, words]) => {
+            const out = document.querySelector(`article.turn[data-turn-id="${id}"] .turn-output`);
+            return out !== null && out.textContent.includes(words);
+        }""",
+        arg=[turn_id, words],
+        timeout=WAIT_MS,
+    )
+    # One more frame: text streamed in one event is drawn in the frame after it arrived.
+    await page.evaluate("() => new Promise((done) => requestAnimationFrame(() => done()))")
+    return await shown(page, turn_id)
+
+
+async def shows_the_same(reloaded: Page, turn_id: str, expected: Any) -> None:
+    """Wait (bounded) until the reloaded page shows exactly ``expected``."""
+    try:
+        await reloaded.wait_for_function(
+            "([id, want]) => JSON.stringify((" + SHOWN + ")(id)) === JSON.stringify(want)",
+            arg=[turn_id, expected],
+            timeout=WAIT_MS,
+        )
+    except Exception:
+        assert await shown(reloaded, turn_id) == expected  # says what differs
+        raise
+
+
+async def start_delegating(page: Page, drone: HandDrone) -> str:
+    """Submit a prompt whose turn says a few words and starts a sub-agent (depth 0 call)."""
+    turn = await submit(page, "Delegate the file listing")
+    turn_id = await drone.next_order()
+    assert turn_id == await turn_id_of(turn)
+    await drone.text(turn_id, "I will ask a helper.\n\n")
+    call = {"id": "spawn1", "name": "spawn_subagent", "arguments": SPAWN_ARGS}
+    content = "I will ask a helper.\n\n"
+    await drone.message(turn_id, 0, {"role": "assistant", "content": content, "toolCalls": [call]})
+    await drone.tool(turn_id, "spawn1", "start", name="spawn_subagent", arguments=SPAWN_ARGS)
+    return turn_id
+
+
+async def watching(page: Page, turn_id: str) -> Page:
+    """A second tab of the same person on the same session, left open throughout: it has the
+    session's snapshot (the sub-agent's call running), so it gets all that follows."""
+    other = await page.context.new_page()
+    await other.goto(page.url)
+    spawn = other.locator(f'article.turn[data-turn-id="{turn_id}"] .tool[data-call-id="spawn1"]')
+    await expect(spawn.locator(".tool-badge")).to_have_text("running", timeout=WAIT_MS)
+    return other
+
+
+async def reload(page: Page) -> None:
+    await page.reload()
+    await expect(page.locator("#connection")).to_have_attribute(
+        "data-state", "connected", timeout=WAIT_MS
+    )
+
+
+async def test_a_reload_mid_sub_agent_shows_what_a_page_that_stayed_open_shows(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        stayed = await watching(page, turn_id)
+        await drone.text(turn_id, "Looking around first.\n\n", depth=1)
+        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
+        files = "a.txt\nb.txt"
+        await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
+        # The sub-agent is in the middle of a Markdown list when the page reloads.
+        await drone.text(turn_id, "Found two files:\n\n- `a.txt`, the notes\n- `b", depth=1)
+        before = await settled(stayed, turn_id, "the notes")
+        await settled(page, turn_id, "the notes")
+
+        await reload(page)
+        turn = page.locator(f'article.turn[data-turn-id="{turn_id}"]')
+        await expect(turn).to_have_class(has_class("processing"), timeout=WAIT_MS)
+        await shows_the_same(page, turn_id, before)
+
+        # The sub-agent goes on where it was: its list continues, it is not started afresh.
+        await drone.text(turn_id, ".txt`, the plan\n\nBoth are short.", depth=1)
+        during = await settled(stayed, turn_id, "Both are short.")
+        await shows_the_same(page, turn_id, during)
+        subs = page.locator(f'article.turn[data-turn-id="{turn_id}"] .seg.sub')
+        await expect(subs.last.locator("li")).to_have_text(["a.txt, the notes", "b.txt, the plan"])
+
+        # The sub-agent ends, the turn's own answer goes on and ends.
+        await drone.tool(turn_id, "spawn1", "end", name="spawn_subagent", result="Both are short.")
+        await drone.text(turn_id, "The helper found two short files.")
+        await drone.complete(turn_id, True, "Done.")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        after = await settled(stayed, turn_id, "two short files")
+        await shows_the_same(page, turn_id, after)
+        answer = await page.evaluate("(id) => window.hangar.answerText(id)", turn_id)
+        assert answer == "I will ask a helper.\n\nThe helper found two short files."
+
+
+async def test_sub_agent_output_that_comes_before_the_snapshot_is_shown(
+    page: Page, relay: RelayHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay puts the page in the session's room before it reads the snapshot: what a
+    sub-agent streams while the relay is slow to answer reaches the page first, and is not in
+    the snapshot."""
+    live = relay.relay.rooms.live
+    read_waiting = live.waiting
+    reading = asyncio.Event()
+    answer = asyncio.Event()
+    answer.set()
+
+    async def slow_waiting(turn_id: str) -> Any:
+        calls = await read_waiting(turn_id)
+        reading.set()
+        await answer.wait()
+        return calls
+
+    monkeypatch.setattr(live, "waiting", slow_waiting)
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        stayed = await watching(page, turn_id)
+        await settled(page, turn_id, "I will ask a helper.")
+
+        answer.clear()
+        reading.clear()
+        await page.reload()
+        await asyncio.wait_for(reading.wait(), WAIT_MS / 1000)  # the snapshot is read
+        await page.evaluate(
+            """() => {
+                window.__progress = 0;
+                window.hangar.socket.on("workOrderProgress", () => (window.__progress += 1));
+            }"""
+        )
+        await drone.text(turn_id, "Sub-agent words while the snapshot was on its way. ", depth=1)
+        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
+        # The page has them (they came before the snapshot it still waits for).
+        await page.wait_for_function("() => window.__progress === 2", timeout=WAIT_MS)
+        expected = await settled(stayed, turn_id, "while the snapshot was on its way")
+        answer.set()
+
+        await shows_the_same(page, turn_id, expected)
