@@ -57,7 +57,7 @@ const conversation = createConversation(state, {
     focusLost: () => controls.focusPrompt(),
     copyAnswer: (card, button) => copyFor(button, card.answer),
     retry: (card) => controls.resend(card.prompt),
-    edit: (card) => controls.edit(card.prompt),
+    edit: (card) => controls.edit(card.prompt, () => card.el.querySelector('[data-action="edit"]')),
     canWrite: () => controls.canWrite(),
   },
   onStatus: (card) => sessions.turnStatus(card),

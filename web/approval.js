@@ -93,11 +93,19 @@ function fields(args) {
  * or Deny; `canAnswer` is false for someone watching another person's turn (no buttons then).
  */
 export class ApprovalCard {
-  constructor({ turnId, callId, name, args, depth }, { onAnswer, canAnswer }) {
+  constructor({ turnId, callId, name, args, depth }, { onAnswer, canAnswer, stopping = false }) {
     this.turnId = turnId;
     this.callId = callId;
     this.pending = false;
     const titleId = `approval-${++cards}`;
+    // While the turn stops after this step, the call is that step: what an answer does now.
+    this.stoppingEl = h(
+      "p",
+      { class: "approval-stopping", id: `${titleId}-stopping` },
+      canAnswer
+        ? "Stopping after this step: Approve runs this call, then the turn stops; Deny stops the turn without running it."
+        : "Stopping after this step: the turn stops once its owner answers this call.",
+    );
     const d = Number(depth) || 0;
     this.approveButton = h("button", { type: "button", class: "button primary approval-approve" }, "Approve");
     this.denyButton = h("button", { type: "button", class: "button approval-deny" }, "Deny");
@@ -118,18 +126,32 @@ export class ApprovalCard {
           ),
         )
       : h("p", { class: "approval-note" }, "Waiting for its owner's approval.");
+    this.titleEl = h(
+      "p",
+      { class: "approval-title", id: titleId },
+      question(name),
+      d > 0 ? h("span", { class: "approval-depth" }, ` · asked by a sub-agent, depth ${d}`) : null,
+    );
     this.el = h(
       "div",
       { class: "approval", role: "group", "aria-labelledby": titleId, dataset: { callId } },
-      h(
-        "p",
-        { class: "approval-title", id: titleId },
-        question(name),
-        d > 0 ? h("span", { class: "approval-depth" }, ` · asked by a sub-agent, depth ${d}`) : null,
-      ),
+      this.titleEl,
       argumentsOf(name, args),
       actions,
     );
+    this.setStopping(stopping);
+  }
+
+  /** The turn was asked to stop after its step (here, in another tab, or before a reload). */
+  setStopping(stopping) {
+    if (stopping === this.stoppingEl.isConnected) return;
+    if (stopping) {
+      this.titleEl.after(this.stoppingEl);
+      this.el.setAttribute("aria-describedby", this.stoppingEl.id);
+    } else {
+      this.stoppingEl.remove();
+      this.el.removeAttribute("aria-describedby");
+    }
   }
 
   get focused() {

@@ -3,6 +3,7 @@
 // turn (see abort.js).
 
 import { createAbortControls } from "./abort.js";
+import { confirmReplaceDraft } from "./draft-dialog.js";
 import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { byId, toast } from "./ui.js";
@@ -171,8 +172,20 @@ export function createControls(state, { conversation, sessions, drones }) {
     return send(text, "queue", { fromComposer: false });
   }
 
-  /** Edit and resend: the prompt goes in the composer, to be changed and sent as a new turn. */
-  function edit(text) {
+  /**
+   * Edit and resend: the prompt goes in the composer, to be changed and sent as a new turn. A
+   * draft of the person's own there (typed, not sent, not a recalled prompt) is replaced only
+   * if they say so; kept, the keyboard goes back to `button()` (the Edit button as it is now).
+   */
+  async function edit(text, button) {
+    const draft = prompt.value;
+    const own = draft.trim() !== "" && draft !== text && !(recalled && draft === recalled.value);
+    if (own && !(await confirmReplaceDraft(draft))) {
+      const back = button?.();
+      if (back) back.focus();
+      else focusPrompt();
+      return;
+    }
     prompt.value = text;
     recalled = null;
     autosize();

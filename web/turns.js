@@ -89,7 +89,7 @@ export class TurnCard {
     if (view.wantedDroneId) this.wantedDroneId = view.wantedDroneId;
     if (Number.isInteger(view.position)) this.position = view.position;
     if (view.reason) this.takeEnding(view);
-    if (view.stopping) this.stopping = true; // asked in another tab, or before a reload
+    if (view.stopping) this.setStopping(true); // asked in another tab, or before a reload
     this.setStatus(TURN_STATUSES.includes(view.status) ? view.status : "processing", view.result);
   }
 
@@ -114,6 +114,7 @@ export class TurnCard {
 
   setStopping(stopping) {
     this.stopping = stopping;
+    for (const line of this.tools.values()) line.approval?.setStopping(stopping);
     if (this.processing) this.renderFoot();
   }
 
@@ -245,6 +246,7 @@ export class TurnCard {
         { turnId: this.turnId, callId, name, args, depth },
         {
           canAnswer: this.ctx.canWrite(),
+          stopping: this.stopping,
           onAnswer: (approve, always) =>
             this.ctx.approvals.answer(approval, approve, always, () => this.answered(line, approve)),
         },
@@ -301,9 +303,10 @@ export class TurnCard {
   footParts() {
     if (!this.processing || !this.awaiting) return footOf(this, this.ctx).filter(Boolean);
     const whose = this.ctx.canWrite() ? "your" : "its owner's";
+    const then = this.stopping ? " · Stopping after this step…" : "";
     return [
       h("span", { class: "approval-icon", "aria-hidden": "true" }),
-      h("span", { class: "turn-status" }, `Waiting for ${whose} approval`),
+      h("span", { class: "turn-status" }, `Waiting for ${whose} approval${then}`),
     ];
   }
 

@@ -307,6 +307,58 @@ async def test_a_reload_mid_wait_shows_the_card_again_and_approving_it_works(
     assert (tmp_path / "reloaded.txt").read_text() == "after reload\n"
 
 
+STOPPING_NOTE = (
+    "Stopping after this step: Approve runs this call, then the turn stops; Deny stops the turn"
+    " without running it."
+)
+STOPPING_STATUS = "Waiting for your approval · Stopping after this step…"
+
+
+async def test_a_card_waiting_while_the_turn_stops_after_this_step_says_so_in_every_tab(
+    page: Page,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """A call waits when the person asks the turn to stop after this step: the call is that
+    step, and its card says what an answer does now (in every tab, and after a reload);
+    approving runs it, and the turn stops."""
+    command = "echo last step > last.txt"
+    openai_peer.script(shell(command), Reply(chunks=["Never asked for."]))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    await open_hangar(page, relay)
+    turn = await submit(page, "Write the file, then stop")
+    turn_id = await turn_id_of(turn)
+    await expect(turn.locator(".approval")).to_be_visible(timeout=WAIT_MS)
+    await expect(turn.locator(".approval-stopping")).to_have_count(0)
+    other = await page.context.new_page()
+    await other.goto(page.url)
+    theirs = other.locator(f'#turns article.turn[data-turn-id="{turn_id}"]')
+    await expect(theirs.locator(".approval")).to_be_visible(timeout=WAIT_MS)
+
+    await page.locator("#stop-after-step").click()
+
+    for tab, card in ((page, turn), (other, theirs)):
+        await expect(card.locator(".approval-stopping")).to_have_text(STOPPING_NOTE)
+        group = card.get_by_role("group", name="Run this command?")
+        await expect(group).to_have_accessible_description(STOPPING_NOTE)
+        await expect(card.locator(".turn-status")).to_have_text(STOPPING_STATUS)
+        await expect(tab.locator("#stop-after-step")).to_have_text("Stop now")
+    await other.close()
+    await page.reload()
+    await expect(turn.locator(".approval-stopping")).to_have_text(STOPPING_NOTE, timeout=WAIT_MS)
+    await expect(turn.locator(".turn-status")).to_have_text(STOPPING_STATUS)
+
+    await turn.locator(".approval").get_by_role("button", name="Approve").click()
+
+    await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+    await expect(turn.locator(".approval")).to_have_count(0)
+    await expect(tool_line(turn).locator(".tool-badge")).to_have_text("done")
+    assert (tmp_path / "last.txt").read_text() == "last step\n"
+    assert len(openai_peer.requests) == 1, "no model call after the step"
+
+
 async def test_a_card_does_not_take_the_keyboard_from_someone_typing(
     page: Page, relay: RelayHandle
 ) -> None:

@@ -354,6 +354,67 @@ async def test_retry_edit_and_recall_send_earlier_prompts_again(
     ]
 
 
+REPLACE_DRAFT = "Replace your draft?"
+
+
+async def test_edit_asks_before_replacing_an_unsent_draft(page: Page, relay: RelayHandle) -> None:
+    """A person half way through typing a follow-up who presses Edit on the last prompt does not
+    lose what they typed without saying so; an empty composer, or one holding that very prompt,
+    is filled at once as before."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Name a prime")
+        turn_id = await drone.next_order()
+        await drone.text(turn_id, "Seven.")
+        await drone.complete(turn_id, True, "Done.")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        prompt = page.locator("#prompt")
+        draft = "And now one above a hundred, with\na proof that it is prime"
+        await prompt.fill(draft)
+        edit = turn.get_by_role("button", name="Edit")
+        dialog = page.get_by_role("dialog", name=REPLACE_DRAFT)
+        keep = dialog.get_by_role("button", name="Keep my draft")
+
+        await edit.click()
+
+        await expect(dialog).to_be_visible()
+        await expect(dialog).to_have_accessible_description(
+            "What you typed and have not sent, “And now one above a hundred, with a proof that it"
+            " is prime”, would be replaced by the earlier prompt."
+        )
+        # The turn's foot is drawn again meanwhile (its drone went): its Edit button is new.
+        await drone.client.disconnect()
+        await expect(page.locator("#drone-summary")).to_have_text(
+            "No drones online.", timeout=WAIT_MS
+        )
+    await expect(keep).to_be_focused()  # the safe answer is the default one
+    await expect(prompt).to_have_value(draft)
+    await page.keyboard.press("Escape")  # Esc keeps the draft
+    await expect(dialog).to_be_hidden()
+    await expect(prompt).to_have_value(draft)
+    await expect(edit).to_be_focused()  # back where the person was
+
+    await edit.click()
+    await keep.click()
+    await expect(dialog).to_be_hidden()
+    await expect(prompt).to_have_value(draft)
+
+    await edit.press("Enter")
+    await dialog.get_by_role("button", name="Replace draft").click()
+    await expect(dialog).to_be_hidden()
+    await expect(prompt).to_have_value("Name a prime")
+    await expect(prompt).to_be_focused()
+
+    # Nothing of the person's own to lose: no question.
+    await edit.click()
+    await expect(prompt).to_have_value("Name a prime")
+    await prompt.fill("  ")
+    await edit.click()
+    await expect(prompt).to_have_value("Name a prime")
+    await expect(prompt).to_be_focused()
+    await expect(dialog).to_be_hidden()
+
+
 async def test_retry_after_an_abort_sends_the_prompt_again(
     page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
 ) -> None:
