@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.peers import OpenAIPeer, Reply
+from bench.peers import OllamaPeer, OpenAIPeer, Reply
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
 from tests.conftest import Browser, RelayHandle, Upstream
@@ -250,6 +250,95 @@ async def test_a_chunk_that_is_not_the_apis_ends_the_turn_as_the_model_services_
     second = await browser.submit("Again", sessionId=first["sessionId"])
     assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Fine.")
     assert openai_peer.requests[-1].rejected is None
+
+
+UNREADABLE = {
+    "openai": "The model service sent a chunk that is not a chat completion chunk.",
+    "ollama": "The Ollama server sent a line that is not a chat response.",
+}
+ENDED_EARLY = "The model service's stream ended before its answer did."
+
+
+@pytest.mark.parametrize(
+    ("sent", "garbage"),
+    [
+        ("broken JSON", '{"choices": [{"delta": {"content": "x"'),
+        ("null", "null"),
+        ("a blank line", ""),
+        ("another shape", '{"choices": 5, "message": 5}'),
+    ],
+)
+async def test_a_line_the_sdk_cannot_read_ends_the_turn_as_the_model_services_failure(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+    sent: str,
+    garbage: str,
+) -> None:
+    """What a service sends is never the drone's failure, nor a traceback in its log."""
+    if upstream.provider == "openai" and sent == "a blank line":
+        pytest.skip("a blank line is an SSE separator, not a chunk")
+    upstream.peer.script(Reply(chunks=["Partial "], garbage=garbage), Reply(chunks=["Fine."]))
+    await start_drone(upstream)
+    first = await browser.submit("Hello")
+
+    assert await browser.completion(first["turnId"]) == (
+        first["turnId"],
+        False,
+        UNREADABLE[upstream.provider],
+    )
+    turn = await stored(relay, first["turnId"])
+    assert (turn.status, turn.reason, turn.text) == ("error", "model_failed", "Partial ")
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for what a service sent"
+    second = await browser.submit("Again", sessionId=first["sessionId"])
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Fine.")
+
+
+async def test_a_stream_cut_short_ends_the_turn_in_error_not_as_a_whole_answer(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["The first ", "half"], cut_short=True))
+    await start_drone(upstream)
+    ack = await browser.submit("Hello")
+
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], False, ENDED_EARLY)
+    turn = await stored(relay, ack["turnId"])
+    assert (turn.status, turn.reason, turn.text) == ("error", "model_failed", "The first half")
+
+
+async def test_a_connection_dropped_mid_answer_says_it_broke_not_that_it_was_unreachable(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    upstream.peer.script(Reply(chunks=["Cut ", "off"], drop=True), Reply(chunks=["Fine."]))
+    await start_drone(upstream)
+    first = await browser.submit("Hello")
+
+    assert await browser.completion(first["turnId"]) == (
+        first["turnId"],
+        False,
+        "The connection to the model service broke in the middle of its answer.",
+    )
+    turn = await stored(relay, first["turnId"])
+    assert (turn.status, turn.reason, turn.text) == ("error", "model_failed", "Cut off")
+    second = await browser.submit("Again", sessionId=first["sessionId"])
+    assert await browser.completion(second["turnId"]) == (second["turnId"], True, "Fine.")
+
+
+async def test_an_error_the_ollama_server_sends_in_its_stream_is_shown_without_a_status(
+    relay: RelayHandle, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    async with OllamaPeer() as peer:
+        peer.script(Reply(chunks=["Partial "], garbage='{"error": "unexpected EOF"}'))
+        await start_drone(Upstream("ollama", peer))
+        ack = await browser.submit("Hello")
+
+        assert await browser.completion(ack["turnId"]) == (
+            ack["turnId"],
+            False,
+            "The Ollama server reported an error: unexpected EOF",
+        )
 
 
 async def _next_turn_finishes(browser: Browser, previous_turn_id: str) -> None:

@@ -65,8 +65,14 @@ class Reply:
     """Chunks written to the socket at once (the OpenAI peer): a flood that costs the peer
     little, so that its reader, not the peer, is the one kept busy."""
     garbage: str | None = None
-    """JSON sent as one more streamed chunk after ``chunks``, verbatim: a service that sends
-    something else than the API's chunks (the OpenAI peer)."""
+    """A line sent verbatim as one more streamed chunk after ``chunks``: a service that sends
+    something else than the API's chunks (JSON of another shape, or no JSON at all)."""
+    cut_short: bool = False
+    """The stream ends after ``chunks`` without its last chunk: no ``finish_reason``, usage or
+    ``[DONE]`` (OpenAI), no ``"done": true`` (Ollama); a service that stopped mid-answer."""
+    drop: bool = False
+    """After ``chunks`` the connection is dropped, the response unfinished: a service (or a
+    proxy) that died mid-answer."""
 
     @property
     def text(self) -> str:
@@ -260,6 +266,17 @@ class UpstreamPeer:
         self._notify()
         if reply.stall_after is not None and reply.stall_after[0] == rec.chunks_sent:
             await asyncio.sleep(reply.stall_after[1])
+
+    async def cut(
+        self, request: web.Request, rec: RecordedRequest, resp: web.StreamResponse
+    ) -> web.StreamResponse:
+        """End the stream early as ``rec.reply`` says: whole but short, or dropped."""
+        if rec.reply is not None and rec.reply.drop and request.transport is not None:
+            request.transport.abort()
+            rec.completed = True
+            self._notify()
+            return resp
+        return await self.finish(rec, resp)
 
     async def finish(self, rec: RecordedRequest, resp: web.StreamResponse) -> web.StreamResponse:
         await resp.write_eof()

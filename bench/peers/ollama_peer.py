@@ -96,9 +96,13 @@ class OllamaPeer(UpstreamPeer):
         for piece in reply.chunks:
             part = self._part(model, {"role": "assistant", "content": piece})
             await self.emit(rec, resp, dumps(part) + "\n")
+        if reply.garbage is not None:
+            await self.emit(rec, resp, reply.garbage + "\n", counted=False)
         if reply.tool_calls:
             calls = {"role": "assistant", "content": "", "tool_calls": self._tool_calls(reply)}
             await self.emit(rec, resp, dumps(self._part(model, calls)) + "\n")
+        if reply.cut_short or reply.drop:
+            return await self.cut(request, rec, resp)
         final = self._done(rec, model, max(rec.chunks_sent, 1))
         await self.emit(rec, resp, dumps(final) + "\n", counted=False)
         return await self.finish(rec, resp)

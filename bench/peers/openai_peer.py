@@ -249,6 +249,8 @@ class OpenAIPeer(UpstreamPeer):
                 delta = {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
                 await self.emit(rec, resp, event(delta))
 
+        if reply.cut_short or reply.drop:
+            return await self.cut(request, rec, resp)
         finish = "tool_calls" if reply.tool_calls else "stop"
         await self.emit(rec, resp, event({}, finish), counted=False)
         if include_usage:

@@ -73,6 +73,11 @@ class ProviderError(Exception):
     """The model service failed; the message is a sentence a person can read."""
 
 
+ENDED_EARLY = "The model service's stream ended before its answer did."
+"""A stream that stopped without its last chunk: what came is not the model's whole answer."""
+BROKE_OFF = "The connection to the model service broke in the middle of its answer."
+
+
 class Provider(Protocol):
     name: str
     model: str

@@ -14,6 +14,8 @@ from ollama import ChatResponse
 from hangar.shared.protocol import ChatMessage
 
 from .base import (
+    BROKE_OFF,
+    ENDED_EARLY,
     ChatEvent,
     ChatOptions,
     ProviderError,
@@ -72,6 +74,8 @@ class OllamaProvider:
         # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.
         upstream = UpstreamShutdown(signal)
         count = 0
+        parts = 0
+        done = False
         try:
             while True:
                 # The SDK sends the request on the first read; its response hook attaches it.
@@ -80,8 +84,15 @@ class OllamaProvider:
                     part = await stream.__anext__()
                 except StopAsyncIteration:
                     break
+                except (ValueError, TypeError, AttributeError) as error:
+                    # A line the SDK could not read (not JSON, null, a message of another
+                    # shape): what the server sent, not a failure of the drone.
+                    signal.throw_if_aborted()
+                    raise ProviderError(UNREADABLE) from error
                 finally:
                     _UPSTREAM.reset(token)
+                parts += 1
+                done = done or bool(part.done)
                 if part.done and part.eval_count is not None:
                     yield UsageReport(part.prompt_eval_count or 0, part.eval_count)
                 message = part.message
@@ -97,6 +108,9 @@ class OllamaProvider:
         except Exception as error:
             # The shut-down socket may fail the read before the scope's cancellation: abort wins.
             signal.throw_if_aborted()
+            broke = isinstance(error, httpx.TransportError)
+            if parts and broke and not isinstance(error, httpx.TimeoutException):
+                raise ProviderError(BROKE_OFF) from error
             if isinstance(error, (ollama.ResponseError, httpx.HTTPError)):
                 raise ProviderError(_describe(error)) from error
             raise
@@ -104,6 +118,9 @@ class OllamaProvider:
             upstream.detach()
             # Closing the generator exits the SDK's ``async with stream``: the connection closes.
             await stream.aclose()
+        if not done:  # no part said "done": the stream was cut short
+            signal.throw_if_aborted()  # an abort may end the stream as if it were whole
+            raise ProviderError(ENDED_EARLY)
 
     async def close(self) -> None:
         await self.client._client.aclose()
@@ -146,7 +163,12 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+UNREADABLE = "The Ollama server sent a line that is not a chat response."
+
+
 def _describe(error: Exception) -> str:
+    if isinstance(error, ollama.ResponseError) and error.status_code < 0:  # said in the stream
+        return f"The Ollama server reported an error: {error.error}"
     if isinstance(error, ollama.ResponseError):
         return f"The Ollama server answered {error.status_code}: {error.error}"
     if isinstance(error, httpx.TimeoutException):

@@ -13,6 +13,8 @@ from openai.types.chat import ChatCompletion
 from hangar.shared.protocol import ChatMessage
 
 from .base import (
+    BROKE_OFF,
+    ENDED_EARLY,
     ChatEvent,
     ChatOptions,
     ProviderError,
@@ -82,20 +84,30 @@ class OpenAIProvider:
         upstream = UpstreamShutdown(signal)
         upstream.attach(stream.response)
         calls: dict[int, dict[str, str]] = {}
+        finished: list[str] = []
         try:
             async for chunk in stream:
-                for event in _read_chunk(chunk, calls):
+                for event in _read_chunk(chunk, calls, finished):
                     yield event
         except Exception as error:
             # The shut-down socket may fail the read before the scope's cancellation: abort wins.
             signal.throw_if_aborted()
+            if isinstance(error, openai.APIConnectionError) and not isinstance(
+                error, openai.APITimeoutError
+            ):
+                raise ProviderError(BROKE_OFF) from error
             if isinstance(error, openai.APIError):
                 raise ProviderError(_describe(error)) from error
+            if isinstance(error, ValueError):  # a chunk the SDK could not read as JSON
+                raise ProviderError(UNREADABLE) from error
             raise
         finally:
             upstream.detach()
             # A bare break would leave the HTTP stream open; closing it releases the connection.
             await stream.close()
+        if not finished:  # no choice ended: the stream was cut short (or was not a stream)
+            signal.throw_if_aborted()  # an abort may end the stream as if it were whole
+            raise ProviderError(ENDED_EARLY)
         for index in sorted(calls):
             call = calls[index]
             yield ToolCallRequest(
@@ -110,9 +122,12 @@ UNREADABLE = "The model service sent a chunk that is not a chat completion chunk
 CALL = ("id", "name", "arguments")
 
 
-def _read_chunk(chunk: object, calls: dict[int, dict[str, str]]) -> list[ChatEvent]:
+def _read_chunk(
+    chunk: object, calls: dict[int, dict[str, str]], finished: list[str]
+) -> list[ChatEvent]:
     """The text and usage in one streamed chunk (the API's JSON); tool call pieces are added to
-    ``calls`` (index -> id, name, arguments so far)."""
+    ``calls`` (index -> id, name, arguments so far), a choice's ``finish_reason`` to
+    ``finished``."""
     if not isinstance(chunk, dict):
         raise ProviderError(UNREADABLE)
     events: list[ChatEvent] = []
@@ -122,6 +137,8 @@ def _read_chunk(chunk: object, calls: dict[int, dict[str, str]]) -> list[ChatEve
             prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
             events.append(UsageReport(int(prompt or 0), int(completion or 0)))
         for choice in chunk.get("choices") or ():
+            if choice.get("finish_reason"):
+                finished.append(str(choice["finish_reason"]))
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if content:
