@@ -3,6 +3,7 @@
 // turn (see abort.js).
 
 import { createAbortControls } from "./abort.js";
+import { caretOnEdgeLine } from "./caret-line.js";
 import { confirmReplaceDraft } from "./draft-dialog.js";
 import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER } from "./protocol.js";
 import { request, socket } from "./socket.js";
@@ -203,7 +204,9 @@ export function createControls(state, { conversation, sessions, drones }) {
     const up = e.key === "ArrowUp";
     if (recalled && prompt.value !== recalled.value) recalled = null;
     if (!recalled && (prompt.value !== "" || !up)) return false;
-    if (recalled && !onEdgeLine(up)) return false; // the caret moves within a recalled prompt
+    // The caret moves within a recalled prompt, between its lines as drawn (a long line wraps):
+    // only from the first line drawn (up) or the last (down) do the arrows walk the prompts.
+    if (recalled && !caretOnEdgeLine(prompt, up)) return false;
     const history = conversation.prompts();
     const index = (recalled ? recalled.index : history.length) + (up ? -1 : 1);
     if (index < 0) return history.length > 0; // already at the oldest
@@ -213,13 +216,6 @@ export function createControls(state, { conversation, sessions, drones }) {
     autosize();
     prompt.setSelectionRange(value.length, value.length);
     return true;
-  }
-
-  /** Whether the caret is on the prompt's first line (``up``) or its last: only from there
-   * do the arrows walk the earlier prompts. */
-  function onEdgeLine(up) {
-    const { value, selectionStart, selectionEnd } = prompt;
-    return up ? !value.slice(0, selectionStart).includes("\n") : !value.slice(selectionEnd).includes("\n");
   }
 
   function autosize() {
