@@ -166,6 +166,11 @@ export class TurnCard {
     }
     const steps = [];
     let said = "";
+    // A running turn's drone runs a step's calls one at a time, in order: of the calls with no
+    // result yet the first is running (or waits for the person), the others have not started,
+    // and are shown once they do (as a page that saw them live shows them).
+    const answered = new Set(messages.filter((m) => m?.role === "tool").map((m) => m.toolCallId));
+    let unanswered = 0;
     for (const m of messages) {
       if (!m) continue;
       if (m.role === "assistant") {
@@ -174,6 +179,7 @@ export class TurnCard {
           said += m.content;
         }
         for (const call of m.toolCalls ?? []) {
+          if (view.status === "processing" && !answered.has(call?.id) && unanswered++ > 0) continue;
           steps.push({ kind: "tool", callId: call.id, name: call.name, arguments: call.arguments, state: "start" });
         }
       } else if (m.role === "tool" && m.toolCallId) {
