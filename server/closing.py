@@ -55,14 +55,28 @@ def closing_messages(
 
 def filled_text(
     messages: list[ChatMessage], stored: str, text: str
-) -> tuple[list[ChatMessage], str] | None:
+) -> tuple[bool, list[ChatMessage], str] | None:
     """What an ended turn gains from a relay that kept more of its text than the ending had
     (the turn was ended by another relay while Redis, which holds running turns' text, was
-    away): the rest as an assistant message flagged ``aborted``, and the whole text. None when
+    away, or before the drone's last text reached the drone's relay): the rest as an assistant
+    message flagged ``aborted``, and the whole text. When the turn already ends with such a
+    message (no tool calls), that one grows instead: ``(True, [it, grown], text)`` says to store
+    it in place of the last one, so the history never holds two answers in a row. None when
     ``text`` does not extend what is stored."""
     said = "".join(m.content for m in messages if m.role == "assistant")
     if len(text) <= max(len(stored), len(said)) or not text.startswith(said):
         return None
     if not text.startswith(stored):
         return None
-    return [ChatMessage(role="assistant", content=text[len(said) :], aborted=True)], text
+    rest = text[len(said) :]
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and last.aborted and not last.tool_calls:
+        return True, [last.model_copy(update={"content": last.content + rest})], text
+    return False, [ChatMessage(role="assistant", content=rest, aborted=True)], text
+
+
+DROP_LAST = (
+    "DELETE FROM messages WHERE message_id = "
+    "(SELECT max(message_id) FROM messages WHERE turn_id = {})"
+)
+"""The turn's last message goes, to be stored again grown (``filled_text``)."""

@@ -16,7 +16,7 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import closing_messages, filled_text, unstored
+from .closing import DROP_LAST, closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -207,8 +207,10 @@ class PostgresTurnStore:
             filled = filled_text(messages, row["text"] or "", _pg(text) or "")
             if filled is None:
                 return False
-            added, whole = filled
+            grown, added, whole = filled
             await db.execute("UPDATE turns SET text = $1 WHERE turn_id = $2", whole, turn_id)
+            if grown:
+                await db.execute(DROP_LAST.format("$1"), turn_id)
             await _insert_messages(db, turn_id, added)
             return True
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import closing_messages, filled_text, unstored
+from .closing import DROP_LAST, closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_file import refuse_foreign, relay_lock
@@ -261,8 +261,10 @@ class SqliteTurnStore:
             filled = filled_text(_messages_of(conn, turn_id), row["text"] or "", text)
             if filled is None:
                 return False
-            added, whole = filled
+            grown, added, whole = filled
             conn.execute("UPDATE turns SET text = ? WHERE turn_id = ?", (whole, turn_id))
+            if grown:
+                conn.execute(DROP_LAST.format("?"), (turn_id,))
             _insert_messages(conn, turn_id, added)
             return True
 

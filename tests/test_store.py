@@ -294,6 +294,25 @@ async def test_an_ending_that_brings_the_drones_last_messages_stores_them_first_
     assert again is not None and again.messages == turn.messages
 
 
+async def test_text_a_relay_kept_past_the_ending_grows_the_cut_answer_instead_of_a_second_one(
+    store: TurnStore,
+) -> None:
+    """The drone's relay received more of the answer than the relay that ended the turn had
+    (the drone streamed on until it heard of the abort): one answer, whole, flagged cut."""
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    assert await end(store, "t_1", "aborted", "aborted", "It sa")
+
+    assert await store.fill_text("t_1", "It says more")
+    assert not await store.fill_text("t_1", "It says")  # shorter: nothing to add
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None and turn.text == "It says more"
+    assert [(m.role, m.content, bool(m.aborted)) for m in turn.messages] == [
+        ("user", "Hi", False), ("assistant", "It says more", True)
+    ]  # fmt: skip
+
+
 async def test_an_ending_with_messages_for_a_queued_turn_stores_nothing(store: TurnStore) -> None:
     await new_session(store, "s_1")
     await store.create_turn(
