@@ -144,7 +144,7 @@ export class ApprovalCard {
 
   /** The turn was asked to stop after its step (here, in another tab, or before a reload). */
   setStopping(stopping) {
-    if (stopping === this.stoppingEl.isConnected) return;
+    if (stopping === (this.stoppingEl.parentNode !== null)) return; // shown (the card may not be yet)
     if (stopping) {
       this.titleEl.after(this.stoppingEl);
       this.el.setAttribute("aria-describedby", this.stoppingEl.id);
