@@ -2,7 +2,7 @@
 // typed in the composer and has not sent. A modal dialog whose safe answer, keeping the draft,
 // has the keyboard; Esc and a click beside it keep the draft too.
 
-import { h, preview } from "./ui.js";
+import { confirmDialog, h, preview } from "./ui.js";
 
 let dialog = null;
 
@@ -10,28 +10,8 @@ function draftDialog() {
   if (dialog) return dialog;
   const keep = h("button", { type: "submit", value: "keep", class: "button secondary" }, "Keep my draft");
   const replace = h("button", { type: "submit", value: "replace", class: "button primary" }, "Replace draft");
-  dialog = h(
-    "dialog",
-    {
-      class: "confirm-dialog",
-      "aria-labelledby": "replace-draft-heading",
-      "aria-describedby": "replace-draft-body",
-    },
-    h(
-      "form",
-      { method: "dialog" },
-      h("h2", { id: "replace-draft-heading", class: "dialog-title" }, "Replace your draft?"),
-      h("p", { id: "replace-draft-body", class: "dialog-body" }),
-      h("div", { class: "dialog-actions" }, keep, replace),
-    ),
-  );
-  dialog.addEventListener("keydown", (event) => {
-    if (event.key === "Escape") event.stopPropagation(); // not the page's Esc Esc abort
-  });
-  dialog.addEventListener("click", (event) => {
-    if (event.target === dialog) dialog.close("keep"); // a click on the backdrop
-  });
-  document.body.append(dialog);
+  dialog = confirmDialog("replace-draft", [keep, replace], "keep");
+  dialog.querySelector(".dialog-title").textContent = "Replace your draft?";
   return dialog;
 }
 

@@ -2,7 +2,7 @@
 
 import { DELETE_SESSION, RENAME_SESSION } from "./protocol.js";
 import { request } from "./socket.js";
-import { h, toast } from "./ui.js";
+import { confirmDialog, h, toast } from "./ui.js";
 
 const MAX_TITLE_CHARS = 200;
 const EMPTY_TITLE = "A session's title cannot be empty.";
@@ -84,36 +84,13 @@ export function createSessionEdits(list) {
   /** The confirmation: a modal dialog whose Cancel has the focus. */
   function deleteDialog() {
     if (dialog) return dialog;
-    const title = h("h2", { id: "delete-session-heading", class: "dialog-title" });
-    const body = h("p", { id: "delete-session-body", class: "dialog-body" });
     const cancel = h(
       "button",
       { type: "submit", value: "cancel", class: "button secondary", autofocus: true },
       "Cancel",
     );
     const confirm = h("button", { type: "submit", value: "delete", class: "button danger" }, "Delete");
-    dialog = h(
-      "dialog",
-      {
-        class: "confirm-dialog",
-        "aria-labelledby": "delete-session-heading",
-        "aria-describedby": "delete-session-body",
-      },
-      h(
-        "form",
-        { method: "dialog" },
-        title,
-        body,
-        h("div", { class: "dialog-actions" }, cancel, confirm),
-      ),
-    );
-    dialog.addEventListener("keydown", (event) => {
-      if (event.key === "Escape") event.stopPropagation(); // not the page's Esc Esc abort
-    });
-    dialog.addEventListener("click", (event) => {
-      if (event.target === dialog) dialog.close("cancel"); // a click on the backdrop
-    });
-    document.body.append(dialog);
+    dialog = confirmDialog("delete-session", [cancel, confirm], "cancel");
     return dialog;
   }
 

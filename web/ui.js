@@ -141,3 +141,30 @@ export function announce(message) {
 export function nearBottom(el, slack = 80) {
   return el.scrollHeight - el.scrollTop - el.clientHeight <= slack;
 }
+
+/**
+ * A modal confirmation, added to the page once: a title, a body and `actions` (submit buttons
+ * whose `value` becomes the dialog's `returnValue`). A click beside it closes it with
+ * `dismissed`, Esc with no value; Esc there is not the page's Esc Esc abort.
+ */
+export function confirmDialog(name, actions, dismissed) {
+  const dialog = h(
+    "dialog",
+    { class: "confirm-dialog", "aria-labelledby": `${name}-heading`, "aria-describedby": `${name}-body` },
+    h(
+      "form",
+      { method: "dialog" },
+      h("h2", { id: `${name}-heading`, class: "dialog-title" }),
+      h("p", { id: `${name}-body`, class: "dialog-body" }),
+      h("div", { class: "dialog-actions" }, ...actions),
+    ),
+  );
+  dialog.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") event.stopPropagation();
+  });
+  dialog.addEventListener("click", (event) => {
+    if (event.target === dialog) dialog.close(dismissed); // a click on the backdrop
+  });
+  document.body.append(dialog);
+  return dialog;
+}
