@@ -15,6 +15,7 @@ from playwright.async_api import Page, expect
 
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit, turn_id_of
+from tests.browser.test_page_tool_snapshot import shows_exactly
 from tests.conftest import RelayHandle
 
 pytestmark = pytest.mark.browser
@@ -55,16 +56,7 @@ async def settled(page: Page, turn_id: str, words: str) -> Any:
 
 
 async def shows_the_same(reloaded: Page, turn_id: str, expected: Any) -> None:
-    """Wait (bounded) until the reloaded page shows exactly ``expected``."""
-    try:
-        await reloaded.wait_for_function(
-            "([id, want]) => JSON.stringify((" + SHOWN + ")(id)) === JSON.stringify(want)",
-            arg=[turn_id, expected],
-            timeout=WAIT_MS,
-        )
-    except Exception:
-        assert await shown(reloaded, turn_id) == expected  # says what differs
-        raise
+    await shows_exactly(reloaded, SHOWN, turn_id, expected)
 
 
 async def start_delegating(page: Page, drone: HandDrone) -> str:

@@ -49,17 +49,22 @@ async def badge_is(page: Page, turn_id: str, call_id: str, badge: str) -> None:
     await expect(line.locator(".tool-badge")).to_have_text(badge, timeout=WAIT_MS)
 
 
-async def shows_the_same(page: Page, turn_id: str, expected: Any) -> None:
-    """Wait (bounded) until ``page`` shows exactly ``expected``."""
+async def shows_exactly(page: Page, seen: str, turn_id: str, expected: Any) -> None:
+    """Wait (bounded) until ``page`` shows exactly ``expected`` of the turn, as the script
+    ``seen`` reads it."""
     try:
         await page.wait_for_function(
-            "([id, want]) => JSON.stringify((" + SHOWN + ")(id)) === JSON.stringify(want)",
+            "([id, want]) => JSON.stringify((" + seen + ")(id)) === JSON.stringify(want)",
             arg=[turn_id, expected],
             timeout=WAIT_MS,
         )
     except Exception:
-        assert await shown(page, turn_id) == expected  # says what differs
+        assert await page.evaluate(seen, turn_id) == expected  # says what differs
         raise
+
+
+async def shows_the_same(page: Page, turn_id: str, expected: Any) -> None:
+    await shows_exactly(page, SHOWN, turn_id, expected)
 
 
 async def step_of_three_calls(page: Page, drone: HandDrone, second_state: str = "start") -> str:
