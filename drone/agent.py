@@ -193,7 +193,7 @@ class Agent:
         try:
             with linked_controller(signal) as call, _StallWatch(call, self.stall) as watch:
                 async with call.signal.scope() as scope:
-                    options = ChatOptions(self.provider.model, scope.signal)
+                    options = ChatOptions(self.provider.model, scope.signal, watch.hold)
                     stream = self.provider.chat(messages, self.tools.specs, options)
                     async with aclosing(stream) as events:
                         async for event in events:
@@ -319,6 +319,10 @@ class _StallWatch:
 
     def heard(self) -> None:
         self.last = asyncio.get_running_loop().time()
+
+    def hold(self, seconds: float) -> None:
+        """The stream waits ``seconds`` on purpose: its silence counts from the end of that."""
+        self.last = asyncio.get_running_loop().time() + seconds
 
     def __enter__(self) -> _StallWatch:
         if self.seconds is not None:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from contextvars import ContextVar
+from dataclasses import replace
 
 from hangar.shared.abort import AbortController, AbortError, AbortSignal
 from hangar.shared.protocol import ChatMessage
@@ -100,7 +101,7 @@ class Upstreams:
         unlink = outer.add_callback(lambda: watched.abort(outer.reason))  # at once if fired
         self._track(turn_id, watched.signal, add=True)
         try:
-            stream = self.provider.chat(messages, tools, ChatOptions(options.model, watched.signal))
+            stream = self.provider.chat(messages, tools, replace(options, signal=watched.signal))
             async with aclosing(stream) as events:
                 async for event in events:
                     yield event

@@ -73,6 +73,8 @@ class Reply:
     drop: bool = False
     """After ``chunks`` the connection is dropped, the response unfinished: a service (or a
     proxy) that died mid-answer."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers sent with an error ``status`` (the OpenAI peer), such as ``Retry-After``."""
 
     @property
     def text(self) -> str:
@@ -285,10 +287,17 @@ class UpstreamPeer:
         return resp
 
     async def send_json(
-        self, request: web.Request, rec: RecordedRequest, status: int, payload: Any
+        self,
+        request: web.Request,
+        rec: RecordedRequest,
+        status: int,
+        payload: Any,
+        headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         """Send a complete JSON response and mark the request completed."""
-        resp = web.Response(status=status, text=dumps(payload), content_type="application/json")
+        resp = web.Response(
+            status=status, text=dumps(payload), content_type="application/json", headers=headers
+        )
         rec.status = status
         await resp.prepare(request)
         return await self.finish(rec, resp)

@@ -114,7 +114,8 @@ class OpenAIPeer(UpstreamPeer):
                 SERVER_ERROR_MESSAGE if server_side else "Invalid request."
             )
             err_type = "server_error" if server_side else "invalid_request_error"
-            return await self.send_json(request, rec, reply.status, error_body(message, err_type))
+            err = error_body(message, err_type)
+            return await self.send_json(request, rec, reply.status, err, reply.headers)
 
         if body.get("stream"):
             return await self._stream(request, rec, reply, body)

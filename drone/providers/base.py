@@ -63,10 +63,17 @@ class ToolSpec:
         }
 
 
+def _unwatched(seconds: float) -> None:
+    """No stall watch to tell."""
+
+
 @dataclass(frozen=True)
 class ChatOptions:
     model: str
     signal: AbortSignal
+    hold: Callable[[float], None] = _unwatched
+    """Called as the provider starts a wait the model service asked for (``Retry-After``), with
+    its length: the silence a stall watch counts starts after it."""
 
 
 class ProviderError(Exception):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -25,6 +28,9 @@ from .base import (
     UsageReport,
 )
 from .message_json import MessageJson
+from .retry import retry_wait, too_long
+
+log = logging.getLogger("hangar.drone")
 
 
 class OpenAIProvider:
@@ -40,11 +46,11 @@ class OpenAIProvider:
         timeout: float = 600.0,
     ) -> None:
         self.model = model
+        self.max_retries = max_retries
+        # The drone tries requests again itself (``retry``): the SDK's own waits would pass for
+        # the model's silence.
         self.client = openai.AsyncOpenAI(
-            api_key=api_key or "unused",
-            base_url=base_url,
-            max_retries=max_retries,
-            timeout=timeout,
+            api_key=api_key or "unused", base_url=base_url, max_retries=0, timeout=timeout
         )
         self.messages = MessageJson(_message)
 
@@ -61,25 +67,7 @@ class OpenAIProvider:
         if tools:
             fields["tools"] = [t.function() for t in tools]
         body = self.messages.body(messages, fields)
-        try:
-            # The caller's abort scope interrupts the request and its retries before the headers.
-            # The body is the API's JSON, encoded here: posted as it is, without the SDK's typed
-            # transform of ``chat.completions.create`` (which walks every value of every message
-            # against the parameter types: ~0.3 s of the loop for 2,000 messages), and with the
-            # history's messages as they were encoded for the last request. The SDK still sends
-            # it (as application/json), retries, and parses the stream.
-            # Each chunk comes as the JSON the service sent (``object``), not built into the SDK's
-            # ``ChatCompletionChunk`` models: that costs ~90 us a chunk, nine tenths of the
-            # SDK's work per streamed token (docs/performance.md, "Real token rates").
-            stream = await self.client.post(
-                "/chat/completions",
-                content=body,
-                cast_to=ChatCompletion,
-                stream=True,
-                stream_cls=AsyncStream[object],
-            )
-        except openai.APIError as error:
-            raise ProviderError(_describe(error)) from error
+        stream = await self._open(body, options)
         # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.
         upstream = UpstreamShutdown(signal)
         upstream.attach(stream.response)
@@ -113,6 +101,35 @@ class OpenAIProvider:
             yield ToolCallRequest(
                 id=call["id"] or f"call_{index}", name=call["name"], arguments=call["arguments"]
             )
+
+    async def _open(self, body: bytes, options: ChatOptions) -> AsyncStream[object]:
+        """The response's stream once its headers came, after the tries ``retry`` allows; the
+        caller's abort scope interrupts the request and the waits between tries."""
+        for tried in itertools.count():
+            try:
+                # The body is the API's JSON, encoded here: posted as it is, without the SDK's
+                # typed transform of ``chat.completions.create`` (which walks every value of
+                # every message against the parameter types: ~0.3 s of the loop for 2,000
+                # messages), and with the history's messages as they were encoded for the last
+                # request. The SDK still sends it (as application/json) and parses the stream.
+                # Each chunk comes as the JSON the service sent (``object``), not built into the
+                # SDK's ``ChatCompletionChunk`` models: that costs ~90 us a chunk, nine tenths
+                # of the SDK's work per streamed token (docs/performance.md, "Real token rates").
+                return await self.client.post(
+                    "/chat/completions",
+                    content=body,
+                    cast_to=ChatCompletion,
+                    stream=True,
+                    stream_cls=AsyncStream[object],
+                )
+            except openai.APIError as error:
+                wait = retry_wait(error, self.max_retries - tried, tried)
+                if wait is None:
+                    raise ProviderError(_describe(error) + too_long(error)) from error
+                log.info("%s Trying again in %.1f s.", _describe(error), wait)
+            options.hold(wait)  # the service's answer, not the model's silence
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.client.close()
