@@ -72,6 +72,8 @@ class LiveTurn:
     """How far into the turn's text (in the drone's characters) the relay has it."""
     units: int = 0
     """The same length in UTF-16 code units (where browsers put the next text)."""
+    sub_agent_chars: int = 0
+    """Characters of sub-agent events kept for snapshots (``sub_agents.MAX_KEPT_CHARS``)."""
 
 
 class LiveState(Protocol):
@@ -146,6 +148,13 @@ class LiveState(Protocol):
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's tool calls waiting for a person."""
 
+    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
+        """Keep what a snapshot shows of a sub-agent's progress event (``sub_agents``); returns
+        how many the turn has kept now (its ``subSeq``)."""
+
+    async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
+        """What ``keep_sub_agent`` kept of the turn, in order."""
+
     async def approve_always(self, session_id: str, tool: str) -> None:
         """The person approved ``tool`` for the rest of the session."""
 
@@ -167,6 +176,7 @@ class LocalLiveState:
         self.texts: dict[str, LiveText] = {}
         self.aborts: dict[str, asyncio.Event] = {}
         self.calls: dict[str, dict[str, dict[str, Any]]] = {}
+        self.subs: dict[str, list[dict[str, Any]]] = {}
         self.always: dict[str, set[str]] = {}
 
     async def start(self) -> None:
@@ -227,6 +237,7 @@ class LocalLiveState:
     async def forget_turn(self, turn_id: str) -> None:
         self.texts.pop(turn_id, None)
         self.calls.pop(turn_id, None)
+        self.subs.pop(turn_id, None)
 
     async def ended_elsewhere(self) -> list[str]:
         return []  # one relay: every ending is its own
@@ -239,6 +250,14 @@ class LocalLiveState:
 
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         return list(self.calls.get(turn_id, {}).values())
+
+    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
+        kept = self.subs.setdefault(turn_id, [])
+        kept.append(event)
+        return len(kept)
+
+    async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
+        return list(self.subs.get(turn_id, ()))
 
     async def approve_always(self, session_id: str, tool: str) -> None:
         self.always.setdefault(session_id, set()).add(tool)

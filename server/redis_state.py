@@ -30,7 +30,8 @@ PRESENCE_FLOOR = 2 * HEARTBEAT + 2.0
 relay late by a beat, or whose Redis is slow, is not dead."""
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
-"""Seconds a turn's waiting calls and a session's "always" approvals are kept at most."""
+"""Seconds a turn's live text, waiting calls and sub-agent output, and a session's "always"
+approvals, are kept at most (a turn's go when it ends)."""
 ENDED_KEPT = 10_000
 """Endings the relays' stream of ended turns keeps (about: Redis trims it in whole blocks)."""
 CALL_TIMEOUT = 2.0
@@ -240,6 +241,7 @@ class RedisLiveState:
                 self.key("livetext", turn_id),
                 self.key("livecount", turn_id),
                 self.key("waiting", turn_id),
+                self.key("subagents", turn_id),
                 self.key("turn", turn_id),
             )
             pipe.xadd(self.key("ended"), {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
@@ -267,6 +269,18 @@ class RedisLiveState:
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         calls = await self.redis.hvals(self.key("waiting", turn_id))
         return [json.loads(call) for call in calls]
+
+    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
+        key = self.key("subagents", turn_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, json.dumps(event))
+            pipe.expire(key, KEPT_FOR)
+            length, _ = await pipe.execute()
+        return int(length)
+
+    async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
+        events = await self.redis.lrange(self.key("subagents", turn_id), 0, -1)
+        return [json.loads(event) for event in events]
 
     async def approve_always(self, session_id: str, tool: str) -> None:
         key = self.key("always", session_id)

@@ -26,7 +26,7 @@ from hangar.shared.protocol import (
     ToolActivity,
 )
 
-from . import queue
+from . import queue, sub_agents
 from .accounts import Accounts, User
 from .limits import QuietLog
 from .live_state import LiveState
@@ -190,14 +190,20 @@ class Rooms:
             (t.turn_id for t in await self.store.processing_turns(session_id=session_id)), None
         )
         waiting: dict[str, list[ToolActivity]] = {}
+        subs: dict[str, list[dict[str, Any]]] = {}
+        counts: dict[str, int] = {}
         for turn in turns:
             if turn.status == "processing":
                 turn.text, turn.text_seq = await self.live.text(turn.turn_id)
                 calls = await self.live.waiting(turn.turn_id)
                 waiting[turn.turn_id] = [ToolActivity.model_validate(c) for c in calls]
+                kept = await self.live.sub_agent_events(turn.turn_id)
+                subs[turn.turn_id], counts[turn.turn_id] = sub_agents.runs(kept), len(kept)
         views = [turn.view() for turn in turns]
         for view in views:
             view.waiting = waiting.get(view.turn_id, [])
+            view.sub_agents = subs.get(view.turn_id, [])
+            view.sub_agent_seq = counts.get(view.turn_id, 0)
         if any(turn.status == "queued" for turn in turns):
             where = {
                 p.turn_id: p.position for p in queue.places(await queue.queue_order(self.store))

@@ -38,7 +38,6 @@ from hangar.shared.protocol import (
     ChatMessage,
     SubmitWorkOrder,
     ToolApproval,
-    session_title,
 )
 
 from . import queue
@@ -360,3 +359,10 @@ def _abort_answer(answer: Any) -> tuple[bool, str]:
     ):
         return answer[0], answer[1]
     return False, "The drone gave an invalid answer to the abort."
+
+
+def session_title(prompt: str) -> str:
+    """A new session's title: the first line of its first prompt, at most 60 characters."""
+    stripped = prompt.strip()
+    line = stripped.splitlines()[0] if stripped else "New session"
+    return line[:60] + ("…" if len(line) > 60 else "")

@@ -8,7 +8,7 @@ Every model forbids unknown keys, so a malformed payload is refused instead of h
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, TypeAdapter, ValidationError
 
@@ -236,6 +236,10 @@ class TurnView(Wire):
     """While processing: its tool calls waiting for the person's approval."""
     stopping: bool = False
     """While processing: someone asked it to stop (after this step, or now)."""
+    sub_agents: list[dict[str, Any]] = Field(default_factory=list)
+    """While processing: what its sub-agents streamed, after each call that started them."""
+    sub_agent_seq: int = 0
+    """How many kept events ``sub_agents`` holds: browsers skip progress with ``subSeq`` to it."""
 
 
 class TurnQueued(Wire):
@@ -374,13 +378,6 @@ def drone_name_of(token: str) -> str | None:
     if len(parts) == 3 and f"{parts[0]}." == DRONE_TOKEN_PREFIX:
         return parts[1] if re.fullmatch(DRONE_NAME_PATTERN, parts[1]) else None
     return None
-
-
-def session_title(prompt: str) -> str:
-    """A new session's title: the first line of its first prompt, at most 60 characters."""
-    stripped = prompt.strip()
-    line = stripped.splitlines()[0] if stripped else "New session"
-    return line[:60] + ("…" if len(line) > 60 else "")
 
 
 def completion_status(success: bool, message: str) -> TurnStatus:

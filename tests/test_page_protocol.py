@@ -11,6 +11,7 @@ from typing import Any, get_args
 
 import pytest
 
+from hangar.server.turns import session_title
 from hangar.shared import protocol
 from hangar.shared.protocol import (
     EndReason,
@@ -18,7 +19,6 @@ from hangar.shared.protocol import (
     ToolActivity,
     TurnStatus,
     completion_status,
-    session_title,
 )
 from tests.conftest import ROOT, ci
 

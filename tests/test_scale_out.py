@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import socketio
 
-from bench.peers import OpenAIPeer, Reply
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
@@ -106,6 +106,39 @@ async def test_a_browser_on_one_relay_aborts_a_drone_on_another(
     assert turn.status == "aborted"
     assert turn.text == browser.text(turn_id)
     assert turn.messages[-1].aborted is True
+
+
+async def test_a_page_on_another_relay_gets_what_a_sub_agent_streamed_so_far(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+) -> None:
+    """The drone's relay keeps its sub-agents' output in Redis, where every relay reads it for a
+    snapshot (docs/protocol.md, ``openSession``)."""
+    a, b = await relay_processes(), await relay_processes()
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "look"})]),
+        SLOW,
+    )
+    drone_process(Upstream("openai", openai_peer), server=b.url)
+    await drones_seen_from(await open_browser(b.url))
+    owner: Browser = await open_browser(a.url, "sub-agent-watcher")
+    ack = await owner.submit("Delegate")
+    await eventually(
+        lambda: len([p for p in owner.progress(ack["turnId"]) if p["depth"] == 1]) >= 3,
+        timeout=10,
+        what="the sub-agent streaming",
+    )
+
+    tab: Browser = await open_browser(a.url, "sub-agent-watcher")
+    [turn] = (await tab.call("openSession", {"sessionId": ack["sessionId"]}))["turns"]
+
+    [run] = turn["subAgents"]
+    [part] = run["parts"]
+    assert part["depth"] == 1 and part["text"].startswith("w0 w1 w2 ")
+    assert await owner.abort(ack["turnId"]) == (True, ABORT_SIGNALED)
+    assert (await owner.completion(ack["turnId"], timeout=10))[1:] == (True, "aborted")
 
 
 async def test_relays_listen_on_redis_from_the_start_before_any_client(

@@ -4,7 +4,13 @@ import { createApprovals } from "./approval.js";
 import { watchCodeCopy } from "./copy.js";
 import { OPEN_SESSION, TEXT_DELTA, TOOL_ACTIVITY } from "./protocol.js";
 import { request } from "./socket.js";
-import { carriedOver, carryOver, restoreSubAgentOutput, subAgentOutput } from "./sub-agents.js";
+import {
+  carriedOver,
+  carryOver,
+  outputSize,
+  restoreSubAgentOutput,
+  subAgentOutput,
+} from "./sub-agents.js";
 import { TurnCard } from "./turns.js";
 import { announce, byId, h, nearBottom, toast } from "./ui.js";
 
@@ -176,11 +182,15 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
         const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
         const done = state.completions.get(card.turnId);
         if (done) card.end(done);
-        // What its sub-agents streamed is not in the snapshot: from the card shown until now,
-        // else from before a reload.
-        const subAgents = before ? subAgentOutput(before) : carried.get(card.turnId);
+        // What its sub-agents streamed: the snapshot's (the relay keeps it while the turn
+        // runs), or the card shown until now, or what was carried over a reload, whichever
+        // holds more (a relay restarted mid-turn, or past its bound, holds less).
+        const mine = before ? subAgentOutput(before) : carried.get(card.turnId);
+        const theirs = Array.isArray(view.subAgents) ? view.subAgents : [];
+        const snapshot = theirs.length > 0 && outputSize(theirs) >= outputSize(mine);
         carried.delete(card.turnId);
-        if (card.processing && subAgents) restoreSubAgentOutput(card, subAgents);
+        if (card.processing && (snapshot || mine)) restoreSubAgentOutput(card, snapshot ? theirs : mine);
+        if (snapshot) card.subAgentSeq = Number(view.subAgentSeq) || 0;
         state.cards.set(card.turnId, card);
         // What came while the snapshot was on its way (the room was joined first) follows it;
         // what the snapshot holds already is not shown twice (text by its place, calls by id).
@@ -304,6 +314,8 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
         onChange();
       }
     }
+    // A sub-agent's event the card's sub-agent output holds already (the relay numbers them).
+    if (ev.depth > 0 && typeof ev.subSeq === "number" && ev.subSeq <= card.subAgentSeq) return;
     if (ev.kind === TEXT_DELTA) {
       let text = ev.text;
       if (!ev.depth && typeof ev.at === "number" && typeof text === "string") {

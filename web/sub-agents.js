@@ -1,11 +1,9 @@
 // What a running turn's sub-agents streamed (depth > 0), carried over when its card is built
-// again. The relay's snapshot of a running turn (`openSession`) holds the turn's own text and
-// messages, never its sub-agents' text or tool calls: those exist only as progress events. So
-// when a snapshot replaces a card (a reconnect, a resync, the session opened again) the page
-// keeps them from the card it had, and across a reload from sessionStorage (written as the page
-// goes away), instead of showing only the tail that streams after it. What a sub-agent streams
-// while no page of this tab is connected (the moment of the reload itself) is not shown: the
-// relay keeps none of it.
+// again. The relay's snapshot of a running turn (`openSession`) holds it (`subAgents`, in the
+// shape `subAgentOutput` gives, and `subAgentSeq`: progress numbered up to it is in it already).
+// The page also keeps it from the card it had (a reconnect, a resync, the session opened again)
+// and across a reload from sessionStorage (written as the page goes away), and shows whichever
+// holds more: a relay that restarted mid-turn, or whose bound the output passed, holds less.
 
 import { MarkdownView } from "./markdown-view.js";
 import { ToolLine } from "./tool-line.js";
@@ -96,6 +94,17 @@ function restoreLine(card, tool, running) {
   line.update({ name: tool.name, arguments: tool.arguments, result: tool.result, state });
   card.tools.set(callId, line);
   return line.el;
+}
+
+/** How much sub-agent output `runs` holds: its parts, and the characters of its text. */
+export function outputSize(runs) {
+  let size = 0;
+  for (const run of Array.isArray(runs) ? runs : []) {
+    for (const part of Array.isArray(run?.parts) ? run.parts : []) {
+      size += 1 + (typeof part?.text === "string" ? part.text.length : 0);
+    }
+  }
+  return size;
 }
 
 /** The output carried over a reload: read once, at start (turnId -> runs). */

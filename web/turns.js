@@ -44,6 +44,8 @@ export class TurnCard {
     this.answer = "";
     /** How many of the turn's text deltas this card already shows (from a relay snapshot). */
     this.textSeq = Number(view.textSeq) || 0;
+    /** The sub-agent events (`subSeq`) the sub-agent output it was built with holds. */
+    this.subAgentSeq = 0;
 
     this.timeEl = h("time", { class: "turn-time" });
     this.droneEl = h("span", { class: "turn-drone" });

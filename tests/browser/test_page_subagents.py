@@ -1,8 +1,8 @@
-"""A sub-agent's output in real Chromium, across a reload: the relay's snapshot of a running
-turn holds only the turn's own text and messages, not what its sub-agents streamed, so a page
-reloaded (or opened again) mid-sub-agent must not lose that output or show only its tail, and
-what streams while the snapshot is on its way is shown too. The reloaded page is compared with
-a second page of the same person that stayed open all along."""
+"""A sub-agent's output in real Chromium, across a reload and in a page opened mid-sub-agent:
+the page shows all the sub-agent streamed before it (the relay's snapshot holds it, the tab
+keeps what it showed), never only its tail, and what streams while the snapshot is on its way
+is shown once. Each page is compared with a second page of the same person that stayed open
+all along."""
 
 from __future__ import annotations
 
@@ -171,3 +171,26 @@ async def test_sub_agent_output_that_comes_before_the_snapshot_is_shown(
         answer.set()
 
         await shows_the_same(page, turn_id, expected)
+
+
+async def test_a_page_opened_mid_sub_agent_shows_what_the_sub_agent_streamed_before_it(
+    page: Page, relay: RelayHandle
+) -> None:
+    """A tab that had nothing to carry over: the sub-agent's output comes from the snapshot."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        await drone.text(turn_id, "Looking around first.\n\n", depth=1)
+        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
+        files = "a.txt\nb.txt"
+        await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
+        await drone.text(turn_id, "Found two files:\n\n- `a.txt`, the notes\n- `b", depth=1)
+        before = await settled(page, turn_id, "the notes")
+
+        opened = await page.context.new_page()
+        await opened.goto(page.url)
+        await shows_the_same(opened, turn_id, before)
+
+        await drone.text(turn_id, ".txt`, the plan", depth=1)
+        during = await settled(page, turn_id, "the plan")
+        await shows_the_same(opened, turn_id, during)

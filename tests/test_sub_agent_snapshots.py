@@ -1,0 +1,92 @@
+"""A page opened while a sub-agent works shows what the sub-agent streamed before it came: the
+snapshot of a running turn (``openSession``) holds its sub-agents' output (docs/protocol.md,
+``openSession``). Before, it held only the turn's own text, and such a page showed the
+sub-agent's output only from then on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.peers import OpenAIPeer, Reply
+from tests.conftest import Browser, RelayHandle, Upstream, eventually
+from tests.test_agent_phases import call
+
+SUB_WORDS = [f"s{i} " for i in range(100)]
+
+
+async def test_a_page_opened_mid_sub_agent_gets_what_the_sub_agent_streamed_so_far(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "a.txt").write_text("hello from a.txt")
+    await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
+    openai_peer.script(
+        Reply(chunks=["Asking a helper. "], tool_calls=[call("spawn_subagent", task="read a")]),
+        Reply(chunks=["Reading. "], tool_calls=[call("read_file", path="a.txt")]),
+        Reply(chunks=SUB_WORDS, delay=0.03),
+        Reply(chunks=["The helper read it."]),
+    )
+    owner: Browser = await browsers("ada")
+    ack = await owner.submit("Read a.txt through a helper")
+    turn_id = ack["turnId"]
+    await eventually(
+        lambda: len([p for p in owner.progress(turn_id) if p["depth"] == 1]) >= 4,
+        what="the sub-agent streaming",
+    )
+
+    second_tab: Browser = await browsers("ada")
+    snapshot = await second_tab.call("openSession", {"sessionId": ack["sessionId"]})
+
+    [turn] = snapshot["turns"]
+    assert turn["status"] == "processing"
+    spawn = next(p for p in owner.progress(turn_id, "tool") if p["name"] == "spawn_subagent")
+    [run] = turn["subAgents"]
+    assert run["after"] == spawn["callId"]
+    text, tool, streamed = run["parts"]
+    assert text == {"text": "Reading. ", "depth": 1}
+    assert tool["tool"]["name"] == "read_file" and tool["tool"]["depth"] == 1
+    assert tool["tool"]["state"] == "end" and tool["tool"]["result"] == "hello from a.txt"
+    assert streamed["depth"] == 1
+    assert "".join(SUB_WORDS).startswith(streamed["text"]) and len(streamed["text"]) >= 3
+    assert turn["text"] == "Asking a helper. "  # the turn's own text, apart
+    # Progress says which kept event it is: a page skips those its snapshot holds already.
+    sub = [p for p in owner.progress(turn_id) if p["depth"] == 1]
+    held = [p for p in sub if p["subSeq"] <= turn["subAgentSeq"]]
+    assert "".join(p["text"] for p in held) == text["text"] + streamed["text"]
+
+    assert (await owner.completion(turn_id))[2] == "The helper read it."
+    after = await second_tab.call("openSession", {"sessionId": ack["sessionId"]})
+    assert after["turns"][0]["subAgents"] == []  # an ended turn: its messages say what it did
+
+
+async def test_a_turn_without_sub_agents_has_none_in_its_snapshot(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """The turn's own tool calls are no sub-agent output."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "a.txt").write_text("hello from a.txt")
+    await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[call("read_file", path="a.txt")]),
+        Reply(chunks=SUB_WORDS, delay=0.03),
+    )
+    owner: Browser = await browsers("ada")
+    ack = await owner.submit("Read a.txt")
+    await eventually(lambda: len(owner.progress(ack["turnId"])) >= 4, what="the answer streaming")
+
+    snapshot = await owner.call("openSession", {"sessionId": ack["sessionId"]})
+
+    assert snapshot["turns"][0]["status"] == "processing"
+    assert snapshot["turns"][0]["subAgents"] == []
