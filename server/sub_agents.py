@@ -14,9 +14,9 @@ from typing import Any
 
 from hangar.shared.protocol import TextDelta, ToolActivity
 
-MAX_KEPT_CHARS = 1_000_000
-"""Characters (as JSON) of a turn's sub-agent events kept at most; later ones are only shown to
-the pages open at the time."""
+MAX_KEPT_CHARS = 500_000
+"""Characters of a turn's sub-agent events kept at most (3 MB of JSON at worst, every one escaped);
+later ones reach only the pages open at the time."""
 
 
 def kept_event(event: TextDelta | ToolActivity) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from tests.conftest import Browser, RelayHandle, Upstream, eventually
 from tests.test_agent_phases import call
 
 SUB_WORDS = [f"s{i} " for i in range(100)]
+MAX_TEXT_EVENT = 65_536  # characters of one text event (docs/protocol.md)
 
 
 async def test_a_page_opened_mid_sub_agent_gets_what_the_sub_agent_streamed_so_far(
@@ -90,3 +91,37 @@ async def test_a_turn_without_sub_agents_has_none_in_its_snapshot(
 
     assert snapshot["turns"][0]["status"] == "processing"
     assert snapshot["turns"][0]["subAgents"] == []
+
+
+async def test_a_snapshot_holds_a_bounded_part_of_a_long_sub_agent_output(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """800,000 characters from a sub-agent: the snapshot holds its first ~500,000 (the pages
+    open at the time get all of it), so it stays far under what a connection carries."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[call("spawn_subagent", task="write a lot")]),
+        Reply(chunks=["y" * 100_000] * 8 + SUB_WORDS, delay=0.03),
+        Reply(chunks=["Done."]),
+    )
+    owner: Browser = await browsers("ada")
+    ack = await owner.submit("Delegate a long text")
+    turn_id = ack["turnId"]
+    await eventually(
+        lambda: "s3 " in "".join(p["text"] for p in owner.progress(turn_id)),
+        what="the sub-agent past its long text",
+    )
+
+    snapshot = await owner.call("openSession", {"sessionId": ack["sessionId"]})
+
+    [run] = snapshot["turns"][0]["subAgents"]
+    kept = "".join(part["text"] for part in run["parts"])
+    assert 500_000 <= len(kept) <= 500_000 + MAX_TEXT_EVENT and set(kept) == {"y"}
+    assert len("".join(p["text"] for p in owner.progress(turn_id))) > 800_000
+    assert (await owner.completion(turn_id, timeout=15))[2] == "Done."
