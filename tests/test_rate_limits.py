@@ -8,6 +8,7 @@ import asyncio
 import email.utils
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,63 +25,52 @@ def limited(wait: str, status: int = 429) -> Reply:
     return Reply(status=status, error_message=LIMITED, headers={"Retry-After": wait})
 
 
+async def one_turn(
+    peer: OpenAIPeer, workdir: Path, *replies: Reply, **settings: Any
+) -> tuple[tuple[str, bool, str], str]:
+    """Run one work order against ``replies``: its completion and the reason it ended."""
+    recorder = Recorder()
+    service = service_for(peer, recorder, workdir, **settings)
+    peer.script(*replies)
+    try:
+        service.accept(order("t_1", "Go"))
+        completion = await finished(recorder)
+    finally:
+        await service.close()
+    return completion, recorder.endings[-1].reason
+
+
 async def test_the_wait_a_rate_limit_asks_for_is_not_taken_for_a_stalled_model(
     openai_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
     """The service asks for 1 s; the drone's stall bound is 0.5 s. Before, the SDK's wait
     counted as the model's silence, and the turn ended ``stalled``."""
-    recorder = Recorder()
-    service = service_for(openai_peer, recorder, tmp_path, stall=0.5)
-    openai_peer.script(limited("1"), Reply(chunks=["Fine ", "now."]))
-    try:
-        service.accept(order("t_1", "Go"))
-        assert await finished(recorder) == ("t_1", True, "Fine now.")
-    finally:
-        await service.close()
+    fine = Reply(chunks=["Fine ", "now."])
+    ended = await one_turn(openai_peer, tmp_path, limited("1"), fine, stall=0.5)
 
+    assert ended == (("t_1", True, "Fine now."), "finished")
     first, second = openai_peer.requests
     assert first.ended is not None and second.started - first.ended >= 0.95
-    assert recorder.endings[-1].reason == "finished"
 
 
 async def test_a_rate_limit_that_lasts_ends_the_turn_with_the_services_answer(
     openai_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
-    recorder = Recorder()
-    service = service_for(openai_peer, recorder, tmp_path, stall=0.5)
-    openai_peer.script(limited("0.4"), limited("0.4", 503), limited("0.4"))
-    try:
-        service.accept(order("t_1", "Go"))
-        assert await finished(recorder) == (
-            "t_1",
-            False,
-            f"The model service answered 429: {LIMITED}",
-        )
-    finally:
-        await service.close()
+    replies = limited("0.4"), limited("0.4", 503), limited("0.4")
+    ended = await one_turn(openai_peer, tmp_path, *replies, stall=0.5)
 
+    assert ended == (("t_1", False, f"The model service answered 429: {LIMITED}"), "model_failed")
     assert len(openai_peer.requests) == 3  # the first try and the drone's 2 retries
-    assert recorder.endings[-1].reason == "model_failed"
 
 
 async def test_a_service_that_asks_for_more_than_two_minutes_fails_the_turn_at_once(
     openai_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
-    recorder = Recorder()
-    service = service_for(openai_peer, recorder, tmp_path)
-    openai_peer.script(limited("600"), Reply(chunks=["Too late."]))
-    try:
-        service.accept(order("t_1", "Go"))
-        assert await finished(recorder) == (
-            "t_1",
-            False,
-            f"The model service answered 429: {LIMITED} It asks to be tried again in 600 s.",
-        )
-    finally:
-        await service.close()
+    ended = await one_turn(openai_peer, tmp_path, limited("600"), Reply(chunks=["Too late."]))
 
+    asks = f"The model service answered 429: {LIMITED} It asks to be tried again in 600 s."
+    assert ended == (("t_1", False, asks), "model_failed")
     assert len(openai_peer.requests) == 1
-    assert recorder.endings[-1].reason == "model_failed"
 
 
 async def test_an_abort_ends_a_turn_waiting_out_a_rate_limit_at_once(

@@ -9,32 +9,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.peers import OpenAIPeer, Reply
-from tests.conftest import Browser, RelayHandle, Upstream, eventually
+from tests.conftest import Browser, Upstream, eventually
 from tests.test_agent_phases import call
 
 SUB_WORDS = [f"s{i} " for i in range(100)]
 MAX_TEXT_EVENT = 65_536  # characters of one text event (docs/protocol.md)
 
 
-async def test_a_page_opened_mid_sub_agent_gets_what_the_sub_agent_streamed_so_far(
-    relay: RelayHandle,
+@pytest.fixture
+async def owner(
     openai_peer: OpenAIPeer,
     start_drone: Callable[..., Any],
     browsers: Callable[..., Any],
     tmp_path: Path,
-) -> None:
+) -> Browser:
+    """A person's browser, and a drone whose work directory holds ``a.txt``."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / "a.txt").write_text("hello from a.txt")
     await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
+    browser: Browser = await browsers("ada")
+    return browser
+
+
+async def test_a_page_opened_mid_sub_agent_gets_what_the_sub_agent_streamed_so_far(
+    openai_peer: OpenAIPeer, owner: Browser, browsers: Callable[..., Any]
+) -> None:
     openai_peer.script(
         Reply(chunks=["Asking a helper. "], tool_calls=[call("spawn_subagent", task="read a")]),
         Reply(chunks=["Reading. "], tool_calls=[call("read_file", path="a.txt")]),
         Reply(chunks=SUB_WORDS, delay=0.03),
         Reply(chunks=["The helper read it."]),
     )
-    owner: Browser = await browsers("ada")
     ack = await owner.submit("Read a.txt through a helper")
     turn_id = ack["turnId"]
     await eventually(
@@ -68,22 +77,13 @@ async def test_a_page_opened_mid_sub_agent_gets_what_the_sub_agent_streamed_so_f
 
 
 async def test_a_turn_without_sub_agents_has_none_in_its_snapshot(
-    relay: RelayHandle,
-    openai_peer: OpenAIPeer,
-    start_drone: Callable[..., Any],
-    browsers: Callable[..., Any],
-    tmp_path: Path,
+    openai_peer: OpenAIPeer, owner: Browser
 ) -> None:
     """The turn's own tool calls are no sub-agent output."""
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    (workdir / "a.txt").write_text("hello from a.txt")
-    await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
     openai_peer.script(
         Reply(chunks=[], tool_calls=[call("read_file", path="a.txt")]),
         Reply(chunks=SUB_WORDS, delay=0.03),
     )
-    owner: Browser = await browsers("ada")
     ack = await owner.submit("Read a.txt")
     await eventually(lambda: len(owner.progress(ack["turnId"])) >= 4, what="the answer streaming")
 
@@ -94,23 +94,15 @@ async def test_a_turn_without_sub_agents_has_none_in_its_snapshot(
 
 
 async def test_a_snapshot_holds_a_bounded_part_of_a_long_sub_agent_output(
-    relay: RelayHandle,
-    openai_peer: OpenAIPeer,
-    start_drone: Callable[..., Any],
-    browsers: Callable[..., Any],
-    tmp_path: Path,
+    openai_peer: OpenAIPeer, owner: Browser
 ) -> None:
     """800,000 characters from a sub-agent: the snapshot holds its first ~500,000 (the pages
     open at the time get all of it), so it stays far under what a connection carries."""
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    await start_drone(Upstream("openai", openai_peer), workdir=str(workdir))
     openai_peer.script(
         Reply(chunks=[], tool_calls=[call("spawn_subagent", task="write a lot")]),
         Reply(chunks=["y" * 100_000] * 8 + SUB_WORDS, delay=0.03),
         Reply(chunks=["Done."]),
     )
-    owner: Browser = await browsers("ada")
     ack = await owner.submit("Delegate a long text")
     turn_id = ack["turnId"]
     await eventually(
