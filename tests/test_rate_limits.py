@@ -53,6 +53,17 @@ async def test_the_wait_a_rate_limit_asks_for_is_not_taken_for_a_stalled_model(
     assert first.ended is not None and second.started - first.ended >= 0.95
 
 
+@pytest.mark.parametrize("wait", ["soon", "nan", "-5", "Sat, 01 Jan 10000 00:00:00 GMT"])
+async def test_a_retry_after_the_drone_cannot_read_is_tried_again_after_a_pause(
+    openai_peer: OpenAIPeer, tmp_path: Path, wait: str
+) -> None:
+    """Before, a date past the calendar's years failed the turn as the drone's own failure."""
+    ended = await one_turn(openai_peer, tmp_path, limited(wait), Reply(chunks=["Fine."]))
+
+    assert ended == (("t_1", True, "Fine."), "finished")
+    assert len(openai_peer.requests) == 2
+
+
 async def test_a_rate_limit_that_lasts_ends_the_turn_with_the_services_answer(
     openai_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
@@ -63,12 +74,22 @@ async def test_a_rate_limit_that_lasts_ends_the_turn_with_the_services_answer(
     assert len(openai_peer.requests) == 3  # the first try and the drone's 2 retries
 
 
+@pytest.mark.parametrize(
+    ("wait", "said"),
+    [
+        ("600", "in 600 s"),
+        ("120.4", "in 121 s"),
+        ("1e308", "much later"),
+        ("inf", "much later"),
+        ("Sat, 01 Jan 2101 00:00:00 GMT", "much later"),
+    ],
+)
 async def test_a_service_that_asks_for_more_than_two_minutes_fails_the_turn_at_once(
-    openai_peer: OpenAIPeer, tmp_path: Path
+    openai_peer: OpenAIPeer, tmp_path: Path, wait: str, said: str
 ) -> None:
-    ended = await one_turn(openai_peer, tmp_path, limited("600"), Reply(chunks=["Too late."]))
+    ended = await one_turn(openai_peer, tmp_path, limited(wait), Reply(chunks=["Too late."]))
 
-    asks = f"The model service answered 429: {LIMITED} It asks to be tried again in 600 s."
+    asks = f"The model service answered 429: {LIMITED} It asks to be tried again {said}."
     assert ended == (("t_1", False, asks), "model_failed")
     assert len(openai_peer.requests) == 1
 
@@ -100,6 +121,9 @@ async def test_an_abort_ends_a_turn_waiting_out_a_rate_limit_at_once(
         ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
         ({"retry-after": "an HTTP date 30 s from now"}, 30.0),
         ({"retry-after": "later"}, None),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after": "Sat, 01 Jan 10000 00:00:00 GMT"}, None),
+        ({"retry-after": "Jan 31 00:00:00 Mon, +99999999999"}, None),
         ({}, None),
     ],
 )

@@ -21,6 +21,7 @@ import openai
 LONGEST_WAIT = 120.0
 """Seconds of ``Retry-After`` the drone waits out at most (the SDK's own bound)."""
 FIRST_BACKOFF, LAST_BACKOFF = 0.5, 8.0
+A_DAY = 86_400.0
 RETRIED_STATUSES = frozenset({408, 409, 429})
 
 
@@ -34,12 +35,14 @@ def asked_wait(headers: Mapping[str, str]) -> float | None:
             seconds = float(value) / unit
         except ValueError:
             continue
-        return seconds if math.isfinite(seconds) else math.inf
+        if not math.isnan(seconds):
+            return seconds
     value = headers.get("retry-after")
-    when = email.utils.parsedate_tz(value) if value else None
-    if when is None:
+    try:
+        when = email.utils.parsedate_tz(value) if value else None
+        return None if when is None else email.utils.mktime_tz(when) - time.time()
+    except (ValueError, OverflowError):  # a date past what the calendar takes
         return None
-    return email.utils.mktime_tz(when) - time.time()
 
 
 def retry_wait(error: openai.APIError, tries_left: int, tried: int) -> float | None:
@@ -73,6 +76,6 @@ def too_long(error: openai.APIError) -> str:
     asked = asked_wait(error.response.headers)
     if asked is None or asked <= LONGEST_WAIT:
         return ""
-    if not math.isfinite(asked):
+    if asked > A_DAY:
         return " It asks to be tried again much later."
-    return f" It asks to be tried again in {asked:.0f} s."
+    return f" It asks to be tried again in {math.ceil(asked)} s."
