@@ -16,6 +16,8 @@ import { announce, byId, h, nearBottom, toast } from "./ui.js";
 
 const MAX_ORPHAN_TURNS = 50;
 const MAX_ORPHAN_EVENTS = 5000;
+/** Events kept for a snapshot on its way that the card it replaces was shown already. */
+const shownBefore = new WeakSet();
 
 /**
  * `cardContext` goes to every TurnCard; `onStatus(card)` runs when a turn's status may have
@@ -189,14 +191,21 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
         const theirs = Array.isArray(view.subAgents) ? view.subAgents : [];
         const snapshot = theirs.length > 0 && outputSize(theirs) >= outputSize(mine);
         carried.delete(card.turnId);
-        if (card.processing && (snapshot || mine)) restoreSubAgentOutput(card, snapshot ? theirs : mine);
+        // An ended turn's snapshot holds none: it keeps what this page showed of it.
+        const restore = card.processing ? snapshot || mine : before && mine;
+        if (restore) restoreSubAgentOutput(card, snapshot ? theirs : mine);
         if (snapshot) card.subAgentSeq = Number(view.subAgentSeq) || 0;
         state.cards.set(card.turnId, card);
         // What came while the snapshot was on its way (the room was joined first) follows it;
         // what the snapshot holds already is not shown twice (text by its place, calls by id).
+        // Those the card shown until now had are in `mine` already, unless the snapshot's
+        // output was taken instead.
         const early = state.orphans.get(card.turnId);
         state.orphans.delete(card.turnId);
-        if (early) for (const ev of early) applyProgress(card, ev, { quiet: true });
+        for (const ev of early ?? []) {
+          if (ev.depth > 0 && !snapshot && shownBefore.has(ev)) continue;
+          applyProgress(card, ev, { quiet: true });
+        }
         return card;
       });
     showCards(cards);
@@ -285,11 +294,22 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     onChange();
   }
 
-  /** A `workOrderProgress` event; kept for later when its turn is not known yet. */
+  /**
+   * A `workOrderProgress` event; kept for later when its turn is not known yet, or when a
+   * snapshot of its session is on its way (the card it builds replaces the one shown, and the
+   * snapshot was read before this event, maybe).
+   */
   function progress(ev) {
     const card = state.cards.get(ev.turnId);
-    if (card) applyProgress(card, ev);
-    else bufferOrphan(ev);
+    if (!card) {
+      bufferOrphan(ev);
+      return;
+    }
+    applyProgress(card, ev);
+    if (state.loadingSessionId === card.sessionId) {
+      shownBefore.add(ev);
+      bufferOrphan(ev);
+    } else state.orphans.delete(ev.turnId); // kept for a snapshot that never came
   }
 
   function bufferOrphan(ev) {

@@ -72,6 +72,13 @@ async def start_delegating(page: Page, drone: HandDrone) -> str:
     return turn_id
 
 
+async def looks_around(drone: HandDrone, turn_id: str, files: str) -> None:
+    """The sub-agent says a few words and lists the files (``files``, one a line)."""
+    await drone.text(turn_id, "Looking around first.\n\n", depth=1)
+    await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
+    await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
+
+
 async def watching(page: Page, turn_id: str) -> Page:
     """A second tab of the same person on the same session, left open throughout: it has the
     session's snapshot (the sub-agent's call running), so it gets all that follows."""
@@ -89,6 +96,71 @@ async def reload(page: Page) -> None:
     )
 
 
+class HeldSnapshot:
+    """The relay's read of a session's snapshot held open at ``method`` of its live state, so
+    that events come while the snapshot is on its way."""
+
+    def __init__(self, relay: RelayHandle, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+        live = relay.relay.rooms.live
+        read = getattr(live, method)
+        self.reading, self.answer = asyncio.Event(), asyncio.Event()
+        self.answer.set()
+
+        async def held(turn_id: str) -> Any:
+            value = await read(turn_id)
+            self.reading.set()
+            await self.answer.wait()
+            return value
+
+        monkeypatch.setattr(live, method, held)
+
+    def hold(self) -> None:
+        """Hold the next snapshot's read."""
+        self.answer.clear()
+        self.reading.clear()
+
+    async def read(self, page: Page) -> None:
+        """Wait until the relay has read it, then count the progress events ``page`` gets."""
+        await asyncio.wait_for(self.reading.wait(), WAIT_MS / 1000)
+        await page.evaluate(
+            """() => {
+                window.__progress = 0;
+                window.hangar.socket.on("workOrderProgress", () => (window.__progress += 1));
+            }"""
+        )
+
+    @staticmethod
+    async def page_got(page: Page, events: int) -> None:
+        await page.wait_for_function(f"() => window.__progress === {events}", timeout=WAIT_MS)
+
+    def release(self) -> None:
+        self.answer.set()
+
+
+async def drop_connection(page: Page) -> None:
+    """The page's connection drops, and stays down until ``connect_again``."""
+    await page.evaluate(
+        """() => {
+            const io = window.hangar.socket.io;
+            io.reconnection(false);
+            io.engine.close();
+        }"""
+    )
+    await expect(page.locator("#connection")).not_to_have_attribute(
+        "data-state", "connected", timeout=WAIT_MS
+    )
+
+
+async def connect_again(page: Page) -> None:
+    await page.evaluate(
+        """() => {
+            const socket = window.hangar.socket;
+            socket.io.reconnection(true);
+            socket.connect();
+        }"""
+    )
+
+
 async def test_a_reload_mid_sub_agent_shows_what_a_page_that_stayed_open_shows(
     page: Page, relay: RelayHandle
 ) -> None:
@@ -96,10 +168,7 @@ async def test_a_reload_mid_sub_agent_shows_what_a_page_that_stayed_open_shows(
         await open_hangar(page, relay)
         turn_id = await start_delegating(page, drone)
         stayed = await watching(page, turn_id)
-        await drone.text(turn_id, "Looking around first.\n\n", depth=1)
-        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
-        files = "a.txt\nb.txt"
-        await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
+        await looks_around(drone, turn_id, "a.txt\nb.txt")
         # The sub-agent is in the middle of a Markdown list when the page reloads.
         await drone.text(turn_id, "Found two files:\n\n- `a.txt`, the notes\n- `b", depth=1)
         before = await settled(stayed, turn_id, "the notes")
@@ -134,41 +203,22 @@ async def test_sub_agent_output_that_comes_before_the_snapshot_is_shown(
     """The relay puts the page in the session's room before it reads the snapshot: what a
     sub-agent streams while the relay is slow to answer reaches the page first, and is not in
     the snapshot."""
-    live = relay.relay.rooms.live
-    read_waiting = live.waiting
-    reading = asyncio.Event()
-    answer = asyncio.Event()
-    answer.set()
-
-    async def slow_waiting(turn_id: str) -> Any:
-        calls = await read_waiting(turn_id)
-        reading.set()
-        await answer.wait()
-        return calls
-
-    monkeypatch.setattr(live, "waiting", slow_waiting)
+    held = HeldSnapshot(relay, monkeypatch, "waiting")
     async with HandDrone(relay.url) as drone:
         await open_hangar(page, relay)
         turn_id = await start_delegating(page, drone)
         stayed = await watching(page, turn_id)
         await settled(page, turn_id, "I will ask a helper.")
 
-        answer.clear()
-        reading.clear()
+        held.hold()
         await page.reload()
-        await asyncio.wait_for(reading.wait(), WAIT_MS / 1000)  # the snapshot is read
-        await page.evaluate(
-            """() => {
-                window.__progress = 0;
-                window.hangar.socket.on("workOrderProgress", () => (window.__progress += 1));
-            }"""
-        )
+        await held.read(page)
         await drone.text(turn_id, "Sub-agent words while the snapshot was on its way. ", depth=1)
         await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
         # The page has them (they came before the snapshot it still waits for).
-        await page.wait_for_function("() => window.__progress === 2", timeout=WAIT_MS)
+        await HeldSnapshot.page_got(page, 2)
         expected = await settled(stayed, turn_id, "while the snapshot was on its way")
-        answer.set()
+        held.release()
 
         await shows_the_same(page, turn_id, expected)
 
@@ -180,10 +230,7 @@ async def test_a_page_opened_mid_sub_agent_shows_what_the_sub_agent_streamed_bef
     async with HandDrone(relay.url) as drone:
         await open_hangar(page, relay)
         turn_id = await start_delegating(page, drone)
-        await drone.text(turn_id, "Looking around first.\n\n", depth=1)
-        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
-        files = "a.txt\nb.txt"
-        await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
+        await looks_around(drone, turn_id, "a.txt\nb.txt")
         await drone.text(turn_id, "Found two files:\n\n- `a.txt`, the notes\n- `b", depth=1)
         before = await settled(page, turn_id, "the notes")
 
@@ -194,3 +241,66 @@ async def test_a_page_opened_mid_sub_agent_shows_what_the_sub_agent_streamed_bef
         await drone.text(turn_id, ".txt`, the plan", depth=1)
         during = await settled(page, turn_id, "the plan")
         await shows_the_same(opened, turn_id, during)
+
+
+async def test_a_reconnect_mid_sub_agent_keeps_what_streamed_while_the_snapshot_was_on_its_way(
+    page: Page, relay: RelayHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page that had the turn's card already (its connection dropped and came back): what the
+    sub-agent streams after the relay read the snapshot, and before the page has it, reaches the
+    card shown until then. The snapshot holds more than that card (it missed what streamed while
+    it was away), yet what came after the snapshot must not be lost with the card it replaces."""
+    held = HeldSnapshot(relay, monkeypatch, "sub_agent_events")
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        stayed = await watching(page, turn_id)
+        await drone.text(turn_id, "Before the connection dropped. ", depth=1)
+        await settled(page, turn_id, "Before the connection dropped.")
+
+        # The connection drops, and stays down while the sub-agent goes on.
+        await drop_connection(page)
+        await drone.text(turn_id, "Words the page missed while it was away. " * 3, depth=1)
+        await drone.tool(turn_id, "ls1", "start", name="list_directory", arguments="{}", depth=1)
+
+        held.hold()
+        await connect_again(page)
+        await held.read(page)
+        await drone.tool(turn_id, "ls1", "end", name="list_directory", result="a.txt", depth=1)
+        await drone.text(turn_id, "Words after the snapshot was read.", depth=1)
+        await HeldSnapshot.page_got(page, 2)
+        expected = await settled(stayed, turn_id, "after the snapshot was read")
+        held.release()
+
+        await shows_the_same(page, turn_id, expected)
+        await drone.text(turn_id, " And more.", depth=1)
+        await shows_the_same(page, turn_id, await settled(stayed, turn_id, "And more."))
+
+
+async def test_a_turn_that_ended_while_the_page_was_away_keeps_the_sub_agent_output_it_showed(
+    page: Page, relay: RelayHandle
+) -> None:
+    """The snapshot of an ended turn holds its messages, not what its sub-agents streamed: the
+    page keeps what it showed of them, as a page that stayed open does."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        stayed = await watching(page, turn_id)
+        await looks_around(drone, turn_id, "a.txt")
+        await drone.text(turn_id, "One file: `a.txt`.", depth=1)
+        await settled(page, turn_id, "One file")
+
+        await drop_connection(page)
+        await drone.tool(turn_id, "spawn1", "end", name="spawn_subagent", result="One file.")
+        result = {"role": "tool", "content": "One file.", "toolCallId": "spawn1"}
+        await drone.message(turn_id, 1, {**result, "name": "spawn_subagent"})
+        await drone.text(turn_id, "The helper found one file.")
+        answer = {"role": "assistant", "content": "The helper found one file."}
+        await drone.message(turn_id, 2, answer)
+        await drone.complete(turn_id, True, "Done.")
+        expected = await settled(stayed, turn_id, "found one file")
+        await connect_again(page)
+
+        turn = page.locator(f'article.turn[data-turn-id="{turn_id}"]')
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        await shows_the_same(page, turn_id, expected)
