@@ -72,8 +72,6 @@ class LiveTurn:
     """How far into the turn's text (in the drone's characters) the relay has it."""
     units: int = 0
     """The same length in UTF-16 code units (where browsers put the next text)."""
-    sub_agent_chars: int = 0
-    """Characters of sub-agent events kept for snapshots (``sub_agents.MAX_KEPT_CHARS``)."""
 
 
 class LiveState(Protocol):
@@ -148,9 +146,12 @@ class LiveState(Protocol):
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's tool calls waiting for a person."""
 
-    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
-        """Keep what a snapshot shows of a sub-agent's progress event (``sub_agents``); returns
-        how many the turn has kept now (its ``subSeq``)."""
+    async def keep_sub_agent(
+        self, turn_id: str, event: dict[str, Any], size: int, limit: int
+    ) -> int | None:
+        """Keep what a snapshot shows of a sub-agent's progress event (``sub_agents``), of
+        ``size`` characters, unless the turn's kept characters would pass ``limit`` (then
+        nothing more of it is kept); returns how many the turn has kept now (its ``subSeq``)."""
 
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         """What ``keep_sub_agent`` kept of the turn, in order."""
@@ -177,6 +178,7 @@ class LocalLiveState:
         self.aborts: dict[str, asyncio.Event] = {}
         self.calls: dict[str, dict[str, dict[str, Any]]] = {}
         self.subs: dict[str, list[dict[str, Any]]] = {}
+        self.sub_chars: dict[str, int] = {}
         self.always: dict[str, set[str]] = {}
 
     async def start(self) -> None:
@@ -238,6 +240,7 @@ class LocalLiveState:
         self.texts.pop(turn_id, None)
         self.calls.pop(turn_id, None)
         self.subs.pop(turn_id, None)
+        self.sub_chars.pop(turn_id, None)
 
     async def ended_elsewhere(self) -> list[str]:
         return []  # one relay: every ending is its own
@@ -251,7 +254,12 @@ class LocalLiveState:
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         return list(self.calls.get(turn_id, {}).values())
 
-    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
+    async def keep_sub_agent(
+        self, turn_id: str, event: dict[str, Any], size: int, limit: int
+    ) -> int | None:
+        self.sub_chars[turn_id] = chars = self.sub_chars.get(turn_id, 0) + size
+        if chars > limit:
+            return None
         kept = self.subs.setdefault(turn_id, [])
         kept.append(event)
         return len(kept)

@@ -242,6 +242,7 @@ class RedisLiveState:
                 self.key("livecount", turn_id),
                 self.key("waiting", turn_id),
                 self.key("subagents", turn_id),
+                self.key("subchars", turn_id),
                 self.key("turn", turn_id),
             )
             pipe.xadd(self.key("ended"), {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
@@ -270,8 +271,18 @@ class RedisLiveState:
         calls = await self.redis.hvals(self.key("waiting", turn_id))
         return [json.loads(call) for call in calls]
 
-    async def keep_sub_agent(self, turn_id: str, event: dict[str, Any]) -> int:
-        key = self.key("subagents", turn_id)
+    async def keep_sub_agent(
+        self, turn_id: str, event: dict[str, Any], size: int, limit: int
+    ) -> int | None:
+        """The turn's kept characters are counted in Redis too: one bound for every relay its
+        drone reports through, also after a reconnect."""
+        key, chars = self.key("subagents", turn_id), self.key("subchars", turn_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incrby(chars, size)
+            pipe.expire(chars, KEPT_FOR)
+            total, _ = await pipe.execute()
+        if int(total) > limit:
+            return None
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.rpush(key, json.dumps(event))
             pipe.expire(key, KEPT_FOR)

@@ -158,20 +158,22 @@ class DroneReports:
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None
             await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
-        if not isinstance(event, MessageAdded) and (kept := await self._keep(live, event)):
+        if not isinstance(event, MessageAdded) and (kept := await self._keep(event)):
             payload["subSeq"] = kept
         await self.rooms.to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
         return {"ok": True}
 
-    async def _keep(self, live: LiveTurn, event: TextDelta | ToolActivity) -> int | None:
+    async def _keep(self, event: TextDelta | ToolActivity) -> int | None:
         """Keep a sub-agent's event for snapshots, within the turn's bound: its number among
         the turn's kept events, or None."""
         kept = sub_agents.kept_event(event)
-        if kept is None or live.sub_agent_chars > sub_agents.MAX_KEPT_CHARS:
+        if kept is None:
             return None
-        live.sub_agent_chars += sum(len(v) for v in kept.values() if isinstance(v, str))
+        size = sum(len(v) for v in kept.values() if isinstance(v, str))
         try:
-            return await self.live_state.keep_sub_agent(event.turn_id, kept)
+            return await self.live_state.keep_sub_agent(
+                event.turn_id, kept, size, sub_agents.MAX_KEPT_CHARS
+            )
         except Exception as error:  # Redis failing: browsers open now still see it
             text_failures.warning(
                 "sub-agent output not kept turn=%s (%s: %s)",

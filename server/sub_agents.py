@@ -40,10 +40,10 @@ def runs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for event in events:
         depth = event.get("depth", 0)
         if depth == 0:
-            parts = []
+            parts, calls = [], {}  # a call id names one call within its run
             built.append({"after": event["callId"], "parts": parts})
         elif parts is None:
-            continue  # not after a call of the turn's own agent (kept past the bound)
+            continue  # after no call of the turn's own agent (its start was kept elsewhere)
         elif event["kind"] == "text":
             last = parts[-1] if parts else None
             if last is not None and "text" in last and last["depth"] == depth:

@@ -198,6 +198,20 @@ async def live_state(request: pytest.FixtureRequest) -> AsyncIterator[LiveState]
             await state.close()
 
 
+async def test_a_turns_kept_sub_agent_output_has_one_bound_and_goes_when_the_turn_ends(
+    live_state: LiveState,
+) -> None:
+    """The bound is the live state's (with Redis, every relay's), not a drone connection's: a
+    drone that reconnects, here or to another relay, does not start it again."""
+    event = {"kind": "text", "text": "x" * 40, "depth": 1}
+    kept = [await live_state.keep_sub_agent("t_subs", event, 40, 100) for _ in range(3)]
+    assert kept == [1, 2, None]
+    assert await live_state.keep_sub_agent("t_subs", event, 1, 100) is None  # none after it
+    assert await live_state.sub_agent_events("t_subs") == [event, event]
+    await live_state.forget_turn("t_subs")
+    assert await live_state.sub_agent_events("t_subs") == []
+
+
 async def test_a_snapshot_mid_stream_and_the_later_deltas_rebuild_the_text_exactly(
     live_state: LiveState,
 ) -> None:
