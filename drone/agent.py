@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -116,9 +117,21 @@ CHARS_PER_TOKEN = 4
 
 @dataclass
 class Tally:
-    """The tokens a work order used, its sub-agents' included."""
+    """The tokens a work order used and the tool call ids it gave out, its sub-agents'
+    included."""
 
     usage: Usage = field(default_factory=Usage)
+    ids: set[str] = field(default_factory=set)
+
+    def call_id(self, proposed: str) -> str:
+        """``proposed``, or a new id if a call of the work order has it already: a model may
+        number each answer's calls from ``call_1`` (Ollama does), and a page, the relay and
+        the person's approvals tell a work order's calls apart by id."""
+        unique = proposed = proposed or "call"
+        while unique in self.ids:
+            unique = f"{proposed}_{secrets.token_hex(3)}"
+        self.ids.add(unique)
+        return unique
 
     def counted(self, report: UsageReport) -> None:
         self.usage += Usage(
@@ -219,7 +232,7 @@ class Agent:
             await self.report.text(chunk, self.depth)
         elif isinstance(event, ToolCallRequest):
             name, arguments = whole_text(event.name), whole_text(event.arguments)
-            calls.append(ToolCall(id=event.id, name=name, arguments=arguments))
+            calls.append(ToolCall(id=self.tally.call_id(event.id), name=name, arguments=arguments))
         else:
             self.tally.counted(event)
 

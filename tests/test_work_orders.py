@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.peers import OllamaPeer, OpenAIPeer, Reply
+from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
 from tests.conftest import Browser, RelayHandle, Upstream
@@ -384,3 +384,27 @@ async def test_simultaneous_submits_spread_over_idle_drones(
     assert sorted(t.drone_id or "" for t in turns) == sorted(
         [first.drone_id] * 3 + [second.drone_id] * 3
     )
+
+
+async def test_every_tool_call_of_a_turn_has_its_own_id_when_the_model_repeats_one(
+    relay: RelayHandle, upstream: Upstream, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """Ollama numbers each request's calls from ``call_1`` (some OpenAI-compatible services do
+    too): a turn's ``spawn_subagent`` and its sub-agent's first call were both ``call_1``, and a
+    page drew the sub-agent's call over the call that started it."""
+    upstream.peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "a"}, "call_1")]),
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("list_directory", {}, "call_1")]),
+        Reply(chunks=["Nothing much."]),
+        Reply(chunks=["Done."]),
+    )
+    await start_drone(upstream)
+    turn_id = (await browser.submit("Delegate a look"))["turnId"]
+
+    assert (await browser.completion(turn_id))[1:] == (True, "Done.")
+    ids = {(p["depth"], p["name"]): p["callId"] for p in browser.progress(turn_id, "tool")}
+    assert ids.keys() == {(0, "spawn_subagent"), (1, "list_directory")}
+    assert len(set(ids.values())) == 2
+    call, result = (await stored(relay, turn_id)).messages[1:3]
+    assert call.tool_calls is not None and call.tool_calls[0].id == ids[(0, "spawn_subagent")]
+    assert result.tool_call_id == ids[(0, "spawn_subagent")] and result.content == "Nothing much."
