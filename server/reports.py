@@ -158,26 +158,24 @@ class DroneReports:
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None
             await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
-        if not isinstance(event, MessageAdded) and (kept := await self._keep(event)):
-            payload["subSeq"] = kept
+        kept = None if isinstance(event, MessageAdded) else sub_agents.kept_event(payload)
+        if kept is not None and (number := await self._keep(event.turn_id, kept)):
+            payload["subSeq"] = number
         await self.rooms.to_session(live.session_id, WORK_ORDER_PROGRESS, payload)
         return {"ok": True}
 
-    async def _keep(self, event: TextDelta | ToolActivity) -> int | None:
+    async def _keep(self, turn_id: str, kept: dict[str, Any]) -> int | None:
         """Keep a sub-agent's event for snapshots, within the turn's bound: its number among
         the turn's kept events, or None."""
-        kept = sub_agents.kept_event(event)
-        if kept is None:
-            return None
         size = sum(len(v) for v in kept.values() if isinstance(v, str))
         try:
             return await self.live_state.keep_sub_agent(
-                event.turn_id, kept, size, sub_agents.MAX_KEPT_CHARS
+                turn_id, kept, size, sub_agents.MAX_KEPT_CHARS
             )
         except Exception as error:  # Redis failing: browsers open now still see it
             text_failures.warning(
                 "sub-agent output not kept turn=%s (%s: %s)",
-                event.turn_id,
+                turn_id,
                 type(error).__name__,
                 str(error)[:200],
             )

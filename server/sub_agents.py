@@ -12,21 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangar.shared.protocol import TextDelta, ToolActivity
-
 MAX_KEPT_CHARS = 500_000
 """Characters of a turn's sub-agent events kept at most (3 MB of JSON at worst, every one escaped);
 later ones reach only the pages open at the time."""
 
 
-def kept_event(event: TextDelta | ToolActivity) -> dict[str, Any] | None:
-    """What to keep of a progress event for snapshots, or None: nothing."""
-    if event.depth > 0:
-        kept = event.wire()
-        del kept["turnId"]
-        return kept
-    if isinstance(event, ToolActivity) and event.state == "start":
-        return {"kind": "tool", "callId": event.call_id, "depth": 0}
+def kept_event(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """What to keep of a text or tool progress event (as browsers get it) for snapshots, or
+    None: nothing (the turn's own text, its own calls but their start)."""
+    if payload.get("depth", 0) > 0:
+        return {k: v for k, v in payload.items() if k not in ("turnId", "sessionId")}
+    if payload["kind"] == "tool" and payload["state"] == "start":
+        return {"kind": "tool", "callId": payload["callId"], "depth": 0}
     return None
 
 
