@@ -131,9 +131,9 @@ class LiveState(Protocol):
     async def text(self, turn_id: str) -> tuple[str, int]:
         """The turn's text so far and how many deltas it holds."""
 
-    async def forget_turn(self, turn_id: str) -> None:
+    async def forget_turn(self, turn_id: str, tell_others: bool = True) -> None:
         """Drop what was kept of a turn that has ended (its text, its waiting calls), and let
-        the other relays know it ended (``ended_elsewhere``)."""
+        the other relays know it ended (``ended_elsewhere``) unless they were told already."""
 
     async def ended_elsewhere(self) -> list[str]:
         """Turns ended since the last call, by any relay, at most ``ENDED_READ``: a relay
@@ -236,7 +236,7 @@ class LocalLiveState:
         live = self.texts.get(turn_id)
         return (live.value(), live.count) if live is not None else ("", 0)
 
-    async def forget_turn(self, turn_id: str) -> None:
+    async def forget_turn(self, turn_id: str, tell_others: bool = True) -> None:
         self.texts.pop(turn_id, None)
         self.calls.pop(turn_id, None)
         self.subs.pop(turn_id, None)

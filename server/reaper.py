@@ -203,9 +203,14 @@ class Reaper:
         doubt = self.live_state.endings_in_doubt()
         if doubt is not None:  # first, from the store alone: also while Redis is down
             await self._check_live_turns(doubt)
-        for turn_id in await self.live_state.ended_elsewhere():
-            self.endings.live.pop(turn_id, None)
+        ended = await self.live_state.ended_elsewhere()
+        kept_here = self.live_state.kept_turns() if ended else set()
+        for turn_id in ended:
+            streamed_here = self.endings.live.pop(turn_id, None) is not None
             await self._give_kept_text(turn_id)
+            if streamed_here or turn_id in kept_here:
+                # What its drone streamed here after the ending was kept again: dropped now.
+                await self.live_state.forget_turn(turn_id, tell_others=False)
         kept = self.live_state.kept_turns()
         if len(kept) > len(self.endings.live):  # streamed here, ended or moved elsewhere
             for turn_id in kept - set(self.endings.live):

@@ -234,7 +234,7 @@ class RedisLiveState:
         kept = self.kept.pop(turn_id, None)
         return kept.text.value() if kept is not None else ""
 
-    async def forget_turn(self, turn_id: str) -> None:
+    async def forget_turn(self, turn_id: str, tell_others: bool = True) -> None:
         self.kept.pop(turn_id, None)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(
@@ -245,7 +245,9 @@ class RedisLiveState:
                 self.key("subchars", turn_id),
                 self.key("turn", turn_id),
             )
-            pipe.xadd(self.key("ended"), {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
+            if tell_others:
+                ended = self.key("ended")
+                pipe.xadd(ended, {"turn": turn_id}, maxlen=ENDED_KEPT, approximate=True)
             await pipe.execute()
 
     async def ended_elsewhere(self) -> list[str]:

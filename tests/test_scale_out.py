@@ -363,6 +363,52 @@ async def test_the_abort_watchdog_ends_a_turn_whose_drone_never_completes(
     await stubborn.close()
 
 
+async def test_output_streamed_after_another_relay_ended_the_turn_is_not_left_in_redis(
+    relay_processes: Start, open_browser: Start, redis_url: str
+) -> None:
+    import redis.asyncio as aioredis
+
+    a, b = await relay_processes(abort_grace=1.0), await relay_processes(abort_grace=1.0)
+    stubborn = StubbornDrone()
+    await stubborn.connect(b.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Never ends"))["turnId"]
+    await eventually(lambda: stubborn.orders, what="the work order at the drone")
+    early = {"kind": "text", "turnId": turn_id, "text": "streaming "}
+    assert await stubborn.call("workOrderProgress", early) == {"ok": True}
+    assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+    assert (await browser.completion(turn_id, timeout=10))[1:] == (True, "aborted")
+
+    # Ended by relay A's watchdog; relay B, which the drone streams through, hears of it
+    # within its next sweep and keeps what streams meanwhile.
+    late = {"kind": "text", "turnId": turn_id, "text": "said too late"}
+    sub_agent = {**late, "depth": 1, "text": "a sub-agent, too late"}
+    assert await stubborn.call("workOrderProgress", late) == {"ok": True}
+    assert await stubborn.call("workOrderProgress", sub_agent) == {"ok": True}
+
+    async def refused() -> bool:
+        return (await stubborn.call("workOrderProgress", late))["ok"] is False
+
+    await eventually(refused, timeout=5, what="relay B to hear the turn ended")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+
+        async def kept() -> list[bytes]:
+            return [key async for key in client.scan_iter(match=f"*{turn_id}*")]
+
+        leftover = await kept()
+        if leftover:  # dropped right after relay B forgot the turn, not 30 days later
+            await eventually(lambda: _none(kept()), timeout=1, what=f"{leftover} to go")
+    finally:
+        await client.aclose()
+    await stubborn.close()
+
+
+async def _none(found: Any) -> bool:
+    return not await found
+
+
 async def test_a_relay_restart_ends_orphaned_turns_and_keeps_those_a_live_drone_runs(
     relay_processes: Start,
     drone_process: Start,
