@@ -49,13 +49,16 @@ def once_more() -> Retry:
 
 
 class KeptText:
-    """A turn's text as this relay streamed it, and its length in UTF-8 bytes (as Redis counts)."""
+    """A turn's text as this relay streamed it, and its length in UTF-8 bytes (as Redis counts);
+    and the sub-agent events it kept, as JSON, with their characters."""
 
-    __slots__ = ("size", "text")
+    __slots__ = ("size", "sub_chars", "subs", "text")
 
     def __init__(self) -> None:
         self.text = LiveText()
         self.size = 0
+        self.subs: list[str] = []
+        self.sub_chars = 0
 
 
 class RedisLiveState:
@@ -174,9 +177,7 @@ class RedisLiveState:
     async def append_text(self, turn_id: str, text: str) -> int:
         """One string and a count per turn (not a list entry per delta), changed together; and
         a copy here, which writes the text back if Redis lost it (it came back empty)."""
-        kept = self.kept.get(turn_id)
-        if kept is None:
-            kept = self.kept[turn_id] = KeptText()
+        kept = self._kept(turn_id)
         encoded = text.encode()
         kept.text.append(text)
         kept.size += len(encoded)
@@ -200,6 +201,12 @@ class RedisLiveState:
             kept.text.append(whole)
         kept.text.count = int(seq)
         return int(seq)
+
+    def _kept(self, turn_id: str) -> KeptText:
+        kept = self.kept.get(turn_id)
+        if kept is None:
+            kept = self.kept[turn_id] = KeptText()
+        return kept
 
     async def text(self, turn_id: str) -> tuple[str, int]:
         kept = self.kept.get(turn_id)
@@ -277,18 +284,34 @@ class RedisLiveState:
         self, turn_id: str, event: dict[str, Any], size: int, limit: int
     ) -> int | None:
         """The turn's kept characters are counted in Redis too: one bound for every relay its
-        drone reports through, also after a reconnect."""
+        drone reports through, also after a reconnect. This relay's copy is written back when
+        Redis lost what it held (it came back empty), as the turn's text is."""
         key, chars = self.key("subagents", turn_id), self.key("subchars", turn_id)
+        kept = self._kept(turn_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.incrby(chars, size)
             pipe.expire(chars, KEPT_FOR)
             total, _ = await pipe.execute()
-        if int(total) > limit:
+        kept.sub_chars = max(kept.sub_chars + size, int(total))
+        if kept.sub_chars > limit:
             return None
+        encoded = json.dumps(event)
+        kept.subs.append(encoded)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, json.dumps(event))
+            pipe.rpush(key, encoded)
             pipe.expire(key, KEPT_FOR)
             length, _ = await pipe.execute()
+        if int(length) < len(kept.subs):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                pipe.rpush(key, *kept.subs)
+                pipe.expire(key, KEPT_FOR)
+                pipe.set(chars, kept.sub_chars, ex=KEPT_FOR)
+                await pipe.execute()
+            log.warning("sub-agent output of turn=%s written back to Redis", turn_id)
+            return len(kept.subs)
+        if int(length) > len(kept.subs):  # another relay kept some before (a failover)
+            kept.subs = [json.dumps(e) for e in await self.sub_agent_events(turn_id)]
         return int(length)
 
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ import pytest
 import socketio
 
 from bench.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
+from bench.services import OwnRedis
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.access import LOGIN_COOKIE
@@ -482,6 +483,15 @@ async def relay_processes(
         if relay.process.returncode is None:
             relay.kill()
         await relay.process.wait()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[OwnRedis]:
+    """A Redis of the test's own, which it may stall, kill or restart empty."""
+    server = OwnRedis()
+    server.start()
+    yield server
+    server.kill()
 
 
 def ci() -> bool:

@@ -585,14 +585,6 @@ async def test_a_demo_killed_outright_takes_its_drone_with_it(tmp_path: Path) ->
 # ---- Redis and PostgreSQL that stall or crash
 
 
-@pytest.fixture
-def own_redis() -> Any:
-    server = OwnRedis()
-    server.start()
-    yield server
-    server.kill()
-
-
 async def test_each_redis_call_fails_within_its_bound_and_a_restarted_redis_is_reached_at_once(
     own_redis: OwnRedis,
 ) -> None:

@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 
 from bench.peers import OpenAIPeer, Reply
+from bench.services import OwnRedis
+from hangar.server.accounts import Accounts
 from hangar.server.live_state import LocalLiveState
+from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sub_agents import runs
-from tests.conftest import Browser, RelayHandle, Upstream, eventually
+from tests.conftest import Browser, People, RelayHandle, Upstream, eventually
 from tests.test_agent_phases import call
 
 SUB_WORDS = [f"s{i} " for i in range(100)]
@@ -143,3 +146,56 @@ def test_two_sub_agents_that_name_their_calls_alike_keep_each_its_own() -> None:
         {"after": "spawn_a", "parts": [{"tool": call_1("read_file", "end", result="A")}]},
         {"after": "spawn_b", "parts": [{"tool": call_1("list_directory", "end", result="B")}]},
     ]
+
+
+async def test_sub_agent_output_outlasts_a_redis_restarted_empty(
+    relay_processes: Callable[..., Any],
+    drone_process: Callable[..., Any],
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+) -> None:
+    """The relay keeps its own copy of what it kept, and writes it back to a Redis that lost it
+    (as it does a turn's text): a page opened after the restart still gets the whole sub-agent
+    output, and the kept events' numbers go on instead of starting again."""
+    relay = await relay_processes(redis=own_redis.url)
+    openai_peer.script(
+        Reply(chunks=["Asking a helper. "], tool_calls=[call("spawn_subagent", task="list")]),
+        Reply(chunks=["Listing. "], tool_calls=[call("list_directory", path=".")]),
+        Reply(chunks=SUB_WORDS, delay=0.05),
+        Reply(chunks=["The helper listed it."]),
+    )
+    drone_process(Upstream("openai", openai_peer), server=relay.url)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    people = People(Accounts(store))
+    owner = await Browser(relay.url, await people.token("ada")).connect()
+    try:
+        ack = await owner.submit("List the files through a helper")
+        turn_id = ack["turnId"]
+
+        def sub_agent() -> list[dict[str, Any]]:
+            return [p for p in owner.progress(turn_id) if p["depth"] == 1]
+
+        await eventually(lambda: len(sub_agent()) >= 6, timeout=15, what="the sub-agent streaming")
+        before = len(sub_agent())
+        own_redis.restart()
+        await eventually(lambda: len(sub_agent()) >= before + 5, what="more after the restart")
+
+        second_tab = await Browser(relay.url, await people.token("ada")).connect()
+        try:
+            snapshot = await second_tab.call("openSession", {"sessionId": ack["sessionId"]})
+        finally:
+            await second_tab.close()
+        [turn] = snapshot["turns"]
+        [run] = turn["subAgents"]
+        text, tool, streamed = run["parts"]
+        assert text == {"text": "Listing. ", "depth": 1}
+        assert tool["tool"]["name"] == "list_directory" and tool["tool"]["state"] == "end"
+        assert streamed["text"].startswith("s0 s1 s2 ")
+        numbers = [p["subSeq"] for p in sub_agent()]
+        assert numbers == sorted(set(numbers)), numbers
+        assert (await owner.completion(turn_id, timeout=20))[2] == "The helper listed it."
+    finally:
+        await owner.close()
+        await store.close()
