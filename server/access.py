@@ -189,15 +189,14 @@ class Access:
                 return self._login_page(page_dir, BAD_LOGIN, 400)
             address = self.client_address(request)
             keys = (f"user:{name.strip()}", f"address:{address}")
-            if await self.accounts.login_refused(*keys):
+            if await self.accounts.login_attempt(*keys):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
             user = await self.accounts.check_password(name.strip(), password)
             if user is None:
-                await self.accounts.login_failed(*keys)
                 log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)
-            await self.accounts.login_succeeded(keys[0])
+            await self.accounts.login_succeeded(*keys)
             response = web.HTTPSeeOther("/")
             self._set_cookie(request, response, await self.accounts.log_in(user))
             log.info("login user=%s", user.name)

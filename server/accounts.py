@@ -287,39 +287,41 @@ class Accounts:
 
     # ---- failed logins
 
-    async def login_refused(self, *keys: str) -> bool:
-        """Whether any of ``keys`` (a user name's, an address's) has failed too often lately."""
-        since = time.time() - FAILURE_WINDOW
-        for key in keys:
-            rows = await self.db.fetch(
-                "SELECT failures FROM login_failures WHERE failure_key = ? AND since > ?",
-                key,
-                since,
-            )
-            limit = MAX_ADDRESS_FAILURES if key.startswith("address:") else MAX_USER_FAILURES
-            if rows and rows[0]["failures"] >= limit:
-                return True
-        return False
-
-    async def login_failed(self, *keys: str) -> None:
+    async def login_attempt(self, *keys: str) -> bool:
+        """Count an attempt against each of ``keys`` (a user name's, an address's) before its
+        password is checked, so guesses sent at once cannot all pass; whether any of them has
+        failed too often lately (then the password is not checked)."""
         now = time.time()
+        refused = False
         for key in keys:
-            changed = await self.db.execute(
-                "UPDATE login_failures SET failures = failures + 1"
-                " WHERE failure_key = ? AND since > ?",
+            await self.db.execute(
+                "INSERT INTO login_failures (failure_key, failures, since) VALUES (?, 1, ?)"
+                " ON CONFLICT (failure_key) DO UPDATE SET"
+                " failures = CASE WHEN login_failures.since > ?"
+                " THEN login_failures.failures + 1 ELSE 1 END,"
+                " since = CASE WHEN login_failures.since > ?"
+                " THEN login_failures.since ELSE excluded.since END",
                 key,
+                now,
+                now - FAILURE_WINDOW,
                 now - FAILURE_WINDOW,
             )
-            if not changed:
-                await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", key)
-                await self.db.execute(
-                    "INSERT INTO login_failures (failure_key, failures, since) VALUES (?, 1, ?)",
-                    key,
-                    now,
-                )
+            rows = await self.db.fetch(
+                "SELECT failures FROM login_failures WHERE failure_key = ?", key
+            )
+            limit = MAX_ADDRESS_FAILURES if key.startswith("address:") else MAX_USER_FAILURES
+            refused = refused or bool(rows and rows[0]["failures"] > limit)
+        return refused
 
-    async def login_succeeded(self, key: str) -> None:
-        await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", key)
+    async def login_succeeded(self, user_key: str, *others: str) -> None:
+        """The attempt was no failure: the name's count starts again, the others' lose it."""
+        await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", user_key)
+        for key in others:
+            await self.db.execute(
+                "UPDATE login_failures SET failures = failures - 1"
+                " WHERE failure_key = ? AND failures > 0",
+                key,
+            )
 
     # ---- revocations
 

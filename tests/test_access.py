@@ -225,6 +225,26 @@ async def test_repeated_failures_lock_the_name_but_not_other_people(
     assert (await logins().log_in("bob", PASSWORD))[0] == 303
 
 
+@pytest.mark.parametrize("correct", [False, True], ids=["guesses", "guesses and the password"])
+async def test_guesses_sent_at_once_are_counted_before_any_is_checked(
+    relay: RelayHandle, logins: Callable[..., Login], correct: bool
+) -> None:
+    """A burst of guesses does not get past the lock by all arriving before the first failure
+    is counted: no more than the limit are checked, the password among them or not."""
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    guesses = [f"guess-{index}" for index in range(3 * MAX_USER_FAILURES)]
+    if correct:
+        guesses.append(PASSWORD)
+
+    answers = await asyncio.gather(*(logins().log_in("ada", guess) for guess in guesses))
+
+    statuses = [status for status, _ in answers]
+    assert set(statuses) <= {401, 429, 303}
+    assert statuses.count(401) + statuses.count(303) <= MAX_USER_FAILURES, statuses
+    assert statuses.count(429) >= len(guesses) - MAX_USER_FAILURES
+    assert (await logins().log_in("ada", PASSWORD))[0] == 429
+
+
 async def test_failures_for_a_name_do_not_lock_a_person_whose_name_differs_in_case(
     relay: RelayHandle, logins: Callable[..., Login]
 ) -> None:
