@@ -242,7 +242,7 @@ class Access:
 
     async def _demo_login(self, request: web.Request) -> str | None:
         """A login token for the demo user, for a visitor on this machine; else None."""
-        if self.demo_user is None or not is_loopback(request.remote or ""):
+        if self.demo_user is None or not is_loopback(self.client_address(request)):
             return None
         if not is_loopback(_host_name(request.headers.get("Host", ""))):
             return None  # a name that only points here (DNS rebinding) is not this machine's

@@ -391,6 +391,34 @@ async def test_the_demo_logs_in_a_visitor_by_a_loopback_name_only(tmp_path: Path
         await runner.cleanup()
 
 
+async def test_the_demo_behind_a_proxy_logs_in_no_visitor_the_proxy_forwards(
+    tmp_path: Path,
+) -> None:
+    """A proxy on this machine keeps the relay's own Host and names its visitor: that visitor
+    is not on this machine, so the demo does not make them its admin."""
+    config = RelayConfig(
+        port=0, database=str(tmp_path / "demo.db"), demo_user="demo", trusted_proxies=["127.0.0.1"]
+    )
+    runner, port = await start_relay(config)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"http://127.0.0.1:{port}/",
+                headers={"X-Forwarded-For": "203.0.113.5"},
+                allow_redirects=False,
+            ) as page:
+                assert page.status == 303 and page.headers["Location"] == "/login"
+                assert LOGIN_COOKIE not in page.cookies
+            async with http.get(  # the proxy's own machine is still this one
+                f"http://127.0.0.1:{port}/",
+                headers={"X-Forwarded-For": "127.0.0.1"},
+                allow_redirects=False,
+            ) as page:
+                assert page.status == 200 and LOGIN_COOKIE in page.cookies
+    finally:
+        await runner.cleanup()
+
+
 # ---- origins
 
 
