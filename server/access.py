@@ -51,6 +51,8 @@ class Credential:
     kind: Literal["login", "token"]
     hashed: str
     """The login's or token's hash, as revocations name it."""
+    expires_at: float | None = None
+    """When a login expires (``time.time()``); an API token lasts until it is revoked."""
 
 
 def is_loopback(host: str) -> bool:
@@ -152,8 +154,8 @@ class Access:
         return await self._login(cookie.value) if cookie is not None else None
 
     async def _login(self, token: str) -> Credential | None:
-        user = await self.accounts.logged_in(token)
-        return Credential(user, "login", token_hash(token)) if user else None
+        found = await self.accounts.logged_in(token)
+        return Credential(found[0], "login", token_hash(token), found[1]) if found else None
 
     async def _request_login(self, request: web.Request) -> Credential | None:
         token = request.cookies.get(LOGIN_COOKIE)

@@ -180,15 +180,17 @@ class Accounts:
         )
         return token
 
-    async def logged_in(self, token: str) -> User | None:
-        """The person a login token (the session cookie) belongs to, if it is still valid."""
+    async def logged_in(self, token: str) -> tuple[User, float] | None:
+        """The person a login token (the session cookie) belongs to, and when it expires, if it
+        is still valid."""
         rows = await self.db.fetch(
-            "SELECT users.* FROM logins JOIN users ON users.user_id = logins.user_id"
+            "SELECT users.*, logins.expires_at FROM logins"
+            " JOIN users ON users.user_id = logins.user_id"
             " WHERE logins.token_hash = ? AND logins.expires_at > ?",
             token_hash(token),
             time.time(),
         )
-        return _user(rows[0]) if rows else None
+        return (_user(rows[0]), float(rows[0]["expires_at"])) if rows else None
 
     async def log_out(self, token: str) -> None:
         await self._end_login(token_hash(token))

@@ -19,6 +19,8 @@ class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
+        self._prune_at = 64
+        """How many timers may be kept before those cancelled are dropped (twice those left)."""
         self._closed = False
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -49,6 +51,9 @@ class Background:
 
         handle = asyncio.get_running_loop().call_later(delay, start)
         self._timers.add(handle)
+        if len(self._timers) >= self._prune_at:  # a handle cancelled by its owner stays here
+            self._timers = {timer for timer in self._timers if not timer.cancelled()}
+            self._prune_at = max(64, 2 * len(self._timers))
         return handle
 
     async def close(self) -> None:

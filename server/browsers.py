@@ -3,6 +3,9 @@ A member sees and aborts only their own turns; an admin, everyone's."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from functools import partial
 from typing import Any, TypeVar
 
 import socketio
@@ -63,6 +66,8 @@ class BrowserConnection:
         self.answers = RateLimit(burst=20, per_second=5)
         self.session_changes = RateLimit(burst=30, per_second=10)
         """Renames and deletions (each a write, and a message to every browser of the owner)."""
+        self.expiry: asyncio.TimerHandle | None = None
+        """Logs the connection out when its login expires."""
 
     async def on_submit_work_order(self, *args: Any) -> dict[str, Any]:
         try:
@@ -142,7 +147,10 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
         if credential is None:
             raise socketio.exceptions.ConnectionRefusedError(NOT_LOGGED_IN)
         user = credential.user
-        self.connections[sid] = BrowserConnection(self.relay, sid, credential)
+        connection = self.connections[sid] = BrowserConnection(self.relay, sid, credential)
+        if credential.expires_at is not None:
+            left = max(0.0, credential.expires_at - time.time())
+            connection.expiry = self.relay.background.later(left, partial(self._log_out, sid))
         self.relay.metrics.browsers.set(len(self.connections))
         await self.enter_room(sid, owner_room(user.user_id))
         demo = user.name == self.access.demo_user
@@ -160,12 +168,18 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
             if (revocation.kind == credential.kind and revocation.revoked == credential.hashed) or (
                 revocation.kind == "user" and revocation.revoked == credential.user.user_id
             ):
-                await self.emit(LOGGED_OUT, {"reason": NOT_LOGGED_IN}, to=sid)
-                await self.disconnect_client(sid)
+                await self._log_out(sid)
+
+    async def _log_out(self, sid: str) -> None:
+        """Tell the page its login ended, and drop its connection."""
+        await self.emit(LOGGED_OUT, {"reason": NOT_LOGGED_IN}, to=sid)
+        await self.disconnect_client(sid)
 
     async def disconnect_client(self, sid: str) -> None:
         await self.server.disconnect(sid, namespace=IDE_NAMESPACE)
 
     async def disconnect(self, sid: str) -> None:
-        self.connections.pop(sid, None)
+        connection = self.connections.pop(sid, None)
+        if connection is not None and connection.expiry is not None:
+            connection.expiry.cancel()
         self.relay.metrics.browsers.set(len(self.connections))

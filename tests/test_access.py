@@ -361,6 +361,18 @@ async def test_a_login_past_its_fourteen_days_no_longer_opens_the_page_or_a_conn
     assert refused == {"message": NOT_LOGGED_IN}
 
 
+async def test_a_connection_open_when_its_login_expires_is_logged_out(relay: RelayHandle) -> None:
+    """As at a logout: the page is told, and the connection dropped."""
+    user = await relay.relay.accounts.add_user("ada", PASSWORD)
+    expiring = await relay.relay.accounts.log_in(user, seconds=1.0)
+    browser = await Browser(relay.url, login=expiring).connect()
+    try:
+        await eventually(lambda: not browser.sio.connected, what="the connection to drop")
+        assert ("loggedOut", {"reason": NOT_LOGGED_IN}) in browser.events
+    finally:
+        await browser.close()
+
+
 async def test_a_removed_person_is_disconnected(relay: RelayHandle, browsers: Any) -> None:
     browser: Browser = await browsers("leaving")
 

@@ -393,3 +393,22 @@ async def test_a_relay_that_stops_leaves_nothing_running(tmp_path: Path, with_re
     with contextlib.suppress(AssertionError):
         await eventually(lambda: not lingering(), timeout=3, what="the relay's tasks to end")
     assert lingering() == [], [task.get_coro() for task in lingering()]
+
+
+async def test_browsers_that_come_and_go_leave_no_timers_behind(tmp_path: Path) -> None:
+    """Each connection by a login holds a timer (it is logged out when the login expires),
+    cancelled as it closes: a relay that sees thousands of page loads keeps none of them."""
+    config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"))
+    runner, port = await start_relay(config)
+    relay: Relay = runner.app[RELAY]
+    try:
+        user = await relay.accounts.add_user("ada", "a long password")
+        login = await relay.accounts.log_in(user)
+        for _ in range(150):
+            browser = await Browser(f"http://127.0.0.1:{port}", login=login).connect()
+            await browser.close()
+        await eventually(lambda: relay.metrics.browsers._value.get() == 0, what="the last to go")
+
+        assert len(relay.background._timers) < 100
+    finally:
+        await runner.cleanup()
