@@ -20,10 +20,10 @@ from .closing import DROP_LAST, closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
-    INSERT_TURN,
     RECENT_TURNS,
     RENAME_SESSION,
     Ending,
+    QueueFullError,
     RequestTakenError,
     SessionBusyError,
     SessionCursor,
@@ -32,12 +32,15 @@ from .store import (
     TurnRecord,
     end_turn_sql,
     end_turn_values,
+    insert_turn,
     list_sessions_sql,
-    turn_values,
 )
 
 CLAIM_LOCK = 726542
 """The advisory lock relays take turns on to claim queued turns (726541 is the migrations')."""
+
+QUEUE_LOCK = 726543
+"""With a person's name hashed: the lock a new turn's count of their queued turns is taken in."""
 
 MIGRATIONS = migrations("postgresql")
 
@@ -130,10 +133,16 @@ class PostgresTurnStore:
             await db.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
             return True
 
-    async def create_turn(self, turn: TurnRecord) -> None:
+    async def create_turn(self, turn: TurnRecord, queue_limit: int | None = None) -> None:
         async with self.pool.acquire() as db, db.transaction():
+            if queue_limit is not None:  # one count at a time per person, whichever relay
+                await db.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))", QUEUE_LOCK, turn.owner
+                )
             try:
-                await db.execute(_numbered(INSERT_TURN), *_texts(turn_values(turn)))
+                sql, values = insert_turn(turn, queue_limit)
+                if (await db.execute(_numbered(sql), *_texts(values))).endswith(" 0"):
+                    raise QueueFullError()
             except asyncpg.UniqueViolationError as error:
                 if error.constraint_name == "one_processing_turn":
                     raise SessionBusyError() from None

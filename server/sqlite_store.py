@@ -21,10 +21,10 @@ from .schema import migrations
 from .sqlite_file import refuse_foreign, relay_lock
 from .sqlite_writes import GroupCommit
 from .store import (
-    INSERT_TURN,
     RECENT_TURNS,
     RENAME_SESSION,
     Ending,
+    QueueFullError,
     RequestTakenError,
     SessionBusyError,
     SessionCursor,
@@ -33,8 +33,8 @@ from .store import (
     TurnRecord,
     end_turn_sql,
     end_turn_values,
+    insert_turn,
     list_sessions_sql,
-    turn_values,
 )
 
 T = TypeVar("T")
@@ -43,12 +43,10 @@ MIGRATIONS = migrations("sqlite")
 
 
 class SqliteTurnStore:
-    """Every statement runs on one thread of the store's own.
-
-    A write and its commit run on that thread together, so no caller's commit can publish
-    another's half-done change and nothing needs a lock on the event loop; writes that arrive
-    while the thread is busy are committed together once it is free (``sqlite_writes``).
-    """
+    """Every statement runs on one thread of the store's own, a write with its commit: no
+    caller's commit can publish another's half-done change and nothing needs a lock on the
+    event loop; writes that arrive while the thread is busy are committed together once it is
+    free (``sqlite_writes``)."""
 
     def __init__(self, path: str | Path, *, relay: bool = False) -> None:
         self.path = str(path)
@@ -177,9 +175,10 @@ class SqliteTurnStore:
 
         return await self._write(delete)
 
-    async def create_turn(self, turn: TurnRecord) -> None:
+    async def create_turn(self, turn: TurnRecord, queue_limit: int | None = None) -> None:
         def insert(conn: sqlite3.Connection) -> None:
-            conn.execute(INSERT_TURN, turn_values(turn))
+            if not conn.execute(*insert_turn(turn, queue_limit)).rowcount:
+                raise QueueFullError()
             _insert_messages(conn, turn.turn_id, turn.messages)
 
         try:

@@ -140,6 +140,16 @@ TURN_COLUMNS = (
 INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * 13)})"
 
 
+def insert_turn(turn: TurnRecord, queue_limit: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The statement that stores a new turn, and its values: with ``queue_limit``, only while
+    its owner has fewer turns queued (it then changes no row)."""
+    if queue_limit is None:
+        return INSERT_TURN, turn_values(turn)
+    sql = INSERT_TURN.replace("VALUES (", "SELECT ").removesuffix(")")
+    within = " WHERE (SELECT count(*) FROM turns WHERE owner = ? AND status = 'queued') < ?"
+    return sql + within, (*turn_values(turn), turn.owner, queue_limit)
+
+
 def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
     """The values of ``INSERT_TURN`` for a new turn."""
     return (
@@ -219,6 +229,10 @@ class RequestTakenError(Exception):
     """The person already has a turn made by a submit with this ``request_id``."""
 
 
+class QueueFullError(Exception):
+    """The person has as many turns queued as they may (``create_turn``'s ``queue_limit``)."""
+
+
 class SessionBusyError(Exception):
     """The session already has a processing turn (one turn at a time per session), or, for a
     deletion, a queued or processing one."""
@@ -294,10 +308,11 @@ class TurnStore(Database, Protocol):
         there is no such one. Raises ``SessionBusyError`` (deleting nothing) while one of its
         turns is queued or processing."""
 
-    async def create_turn(self, turn: TurnRecord) -> None:
+    async def create_turn(self, turn: TurnRecord, queue_limit: int | None = None) -> None:
         """Store a new turn (``queued``, or ``processing`` with its drone) with its first
-        messages. Raises ``SessionBusyError`` for a second processing turn in a session, and
-        ``RequestTakenError`` (storing nothing) when the owner has a turn of its request id."""
+        messages. Raises ``SessionBusyError`` for a second processing turn in a session,
+        ``RequestTakenError`` (storing nothing) when the owner has a turn of its request id, and
+        ``QueueFullError`` (storing nothing) when the owner has ``queue_limit`` turns queued."""
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
         """The turn, with its messages unless ``messages`` is False."""

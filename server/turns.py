@@ -51,6 +51,7 @@ from .reaper import Reaper
 from .rooms import Rooms
 from .store import (
     Ending,
+    QueueFullError,
     RequestTakenError,
     SessionGoneError,
     SessionRecord,
@@ -139,9 +140,13 @@ class TurnLifecycle(TurnEndings):
             request_id=request.request_id,
         )
         try:
-            await self.store.create_turn(turn)
+            await self.store.create_turn(turn, self.queue_limit)
         except SessionGoneError:  # deleted at this very moment
             return {"ok": False, "error": UNKNOWN_SESSION}
+        except QueueFullError:  # others of this person's came in meanwhile
+            if request.session_id is None:
+                await self.store.delete_session(session.session_id)  # made for nothing
+            return {"ok": False, "error": queue_full(self.queue_limit)}
         except RequestTakenError:  # the same submit, sent again, landed at this very moment
             if request.session_id is None:
                 await self.store.delete_session(session.session_id)  # made for nothing

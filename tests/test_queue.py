@@ -341,6 +341,23 @@ async def test_a_person_may_have_only_so_many_orders_waiting(
     assert refused == {"ok": False, "error": queue_full(limit)}
 
 
+async def test_orders_sent_at_once_do_not_get_past_the_limit(
+    relay: RelayHandle, browsers: Any
+) -> None:
+    limit = relay.relay.turns.queue_limit
+    tabs: list[Browser] = [await browsers("eager") for _ in range(2 * limit // 10)]
+
+    answers = await asyncio.gather(
+        *(tab.submit(f"order {tab_index}.{index}") for tab_index, tab in enumerate(tabs)
+          for index in range(10))
+    )  # fmt: skip
+
+    assert len([a for a in answers if a["ok"]]) == limit
+    assert [a for a in answers if not a["ok"]] == [
+        {"ok": False, "error": queue_full(limit)}
+    ] * limit
+
+
 async def test_a_queued_follow_up_runs_after_the_turn_with_its_history(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:

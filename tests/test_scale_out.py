@@ -25,6 +25,7 @@ from hangar.server.app import RelayConfig
 from hangar.server.directory import DRONE_CALL_TIMEOUT
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
+from hangar.server.turns import queue_full
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
 from tests.conftest import Browser, People, Upstream, drone_hello, eventually
 
@@ -361,6 +362,21 @@ async def test_the_abort_watchdog_ends_a_turn_whose_drone_never_completes(
     assert len(browser.completions(first["turnId"])) == 1
     assert (await stored(store, first["turnId"])).status == "aborted"
     await stubborn.close()
+
+
+async def test_orders_sent_at_once_through_two_relays_do_not_get_past_the_queue_limit(
+    relay_processes: Start, open_browser: Start
+) -> None:
+    a, b = await relay_processes(), await relay_processes()
+    tabs: list[Browser] = [await open_browser(url, "eager") for url in (a.url, a.url, b.url, b.url)]
+
+    answers = await asyncio.gather(
+        *(tab.submit(f"order {number}.{index}") for number, tab in enumerate(tabs)
+          for index in range(10))
+    )  # fmt: skip
+
+    assert len([a for a in answers if a["ok"]]) == 20  # the relays' default limit
+    assert {a.get("error") for a in answers if not a["ok"]} == {queue_full(20)}
 
 
 async def test_output_streamed_after_another_relay_ended_the_turn_is_not_left_in_redis(
