@@ -162,7 +162,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
                     await opened()
             raise
         revocations = asyncio.ensure_future(
-            follow_revocations(relay.accounts, [browsers.revoked, drones.revoked])
+            follow_revocations(
+                relay.accounts, [browsers.revoked, drones.revoked, relay.reports.person_removed]
+            )
         )
         yield
         said = log.info if relay.listening else log.debug

@@ -20,6 +20,7 @@ import socketio
 
 from hangar.shared.protocol import (
     ABORT_WORK_ORDER,
+    ABORTED,
     UNKNOWN_TURN,
     WORK_ORDER_PROGRESS,
     AbortOrder,
@@ -32,6 +33,7 @@ from hangar.shared.protocol import (
 )
 
 from . import sub_agents
+from .accounts import Revocation
 from .directory import DRONE_CALL_TIMEOUT, SENDS
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveTurn
@@ -45,6 +47,7 @@ text_failures = QuietLog(log)
 
 TURN_ENDED_ALREADY = "The turn has already ended."
 NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
+PERSON_REMOVED = Ending("aborted", ABORTED, "removed")
 
 
 class DroneReports:
@@ -60,6 +63,24 @@ class DroneReports:
         self.live = turns.live
         self.zombies: dict[str, None] = {}
         """Ended turns a drone was told to abort because it still streamed them (recent)."""
+
+    async def person_removed(self, revocation: Revocation) -> None:
+        """A removed person's turns end, queued and running alike (on every relay: the first
+        ending wins); the drones here running them are told to abort."""
+        if revocation.kind != "user":
+            return
+        turns = await self.store.fetch(
+            "SELECT turn_id, drone_id FROM turns"
+            " WHERE owner = ? AND status IN ('queued', 'processing')",
+            revocation.revoked,
+        )
+        for turn in turns:
+            await self.turns.end_turn(turn["turn_id"], PERSON_REMOVED)
+            route = self.directory.here(turn["drone_id"] or "")
+            if route is not None:
+                self.dispatcher.background.spawn(self.abort_on_drone(route, [turn["turn_id"]]))
+        if turns:
+            log.info("%d turns of a removed person ended", len(turns))
 
     async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
         """End every turn the drone runs now, without waiting for it."""

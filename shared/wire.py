@@ -21,6 +21,7 @@ EndReason = Literal[
     "operator",
     "shutdown",
     "unanswered",
+    "removed",
     "deadline",
     "stalled",
     "model_failed",
@@ -29,10 +30,11 @@ EndReason = Literal[
     "drone_failed",
 ]
 """Why a turn ended: finished; aborted by a person (``by`` says who), by the drone's operator
-(Ctrl-C), by a shutdown, or by the relay after the drone did not answer an abort (all four end
-``aborted``); timed out (its deadline), the model service stalled or failed, the drone was lost,
-the relay restarted, or the drone could not run it (all end ``error``)."""
-ABORT_REASONS: tuple[EndReason, ...] = ("aborted", "operator", "shutdown", "unanswered")
+(Ctrl-C), by a shutdown, by the relay after the drone did not answer an abort, or as its person
+was removed (all five end ``aborted``); timed out (its deadline), the model service stalled or
+failed, the drone was lost, the relay restarted, or the drone could not run it (all end
+``error``)."""
+ABORT_REASONS: tuple[EndReason, ...] = ("aborted", "operator", "shutdown", "unanswered", "removed")
 
 
 def status_of(reason: EndReason) -> TurnStatus:

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -379,6 +380,46 @@ async def test_a_removed_person_is_disconnected(relay: RelayHandle, browsers: An
     assert await relay.relay.accounts.remove_user("leaving")
 
     await eventually(lambda: not browser.sio.connected, what="the connection to drop")
+
+
+async def test_a_removed_persons_running_and_queued_turns_end_and_never_run_after(
+    relay: RelayHandle,
+    browsers: Any,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+) -> None:
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(200)], delay=0.05))
+    await start_drone(Upstream("openai", openai_peer))  # one turn at a time
+    leaving: Browser = await browsers("leaving")
+    running = await leaving.submit("Runs when the person is removed")
+    await leaving.wait_text(running["turnId"], pieces=2)
+    queued = await leaving.submit("Waits behind it", sessionId=running["sessionId"])
+
+    assert await relay.relay.accounts.remove_user("leaving")
+
+    store = relay.relay.store
+    for turn_id in (running["turnId"], queued["turnId"]):
+        turn = await eventually(partial(_ended, store, turn_id), what="the person's turns to end")
+        assert (turn.status, turn.reason) == ("aborted", "removed")
+    await eventually(
+        lambda: openai_peer.requests[0].disconnected_at is not None, what="the stream closed"
+    )
+    openai_peer.script(Reply(chunks=["Next person's answer."]))
+    other: Browser = await browsers("staying")
+    ack = await other.submit("Mine")
+    assert (await other.completion(ack["turnId"], timeout=10))[1:] == (
+        True,
+        "Next person's answer.",
+    )
+    assert [r.messages[-1]["content"] for r in openai_peer.requests] == [
+        "Runs when the person is removed",
+        "Mine",
+    ]
+
+
+async def _ended(store: Any, turn_id: str) -> Any:
+    turn = await store.get_turn(turn_id, messages=False)
+    return turn if turn is not None and turn.status not in ("queued", "processing") else None
 
 
 async def test_the_demo_logs_in_a_visitor_by_a_loopback_name_only(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ export const END_REASONS = Object.freeze([
   "operator",
   "shutdown",
   "unanswered",
+  "removed",
   "deadline",
   "stalled",
   "model_failed",

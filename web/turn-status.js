@@ -40,6 +40,8 @@ export function endWords({ status, reason, endedBy, result }, me) {
       return "Aborted: the drone was shut down.";
     case "unanswered":
       return "Aborted: the drone did not answer, so the relay ended the turn.";
+    case "removed":
+      return "Aborted: its person's account was removed.";
     default:
       // Said until `turnEnded` tells why (it follows at once), and for turns stored without a reason.
       return "The turn was aborted.";

@@ -12,7 +12,9 @@ from playwright.async_api import Page, expect
 from hangar.server.access import BAD_LOGIN
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
+from hangar.shared.protocol import NOT_LOGGED_IN
 from tests.browser.conftest import log_in
+from tests.browser.test_page import assert_not_red, has_class
 from tests.conftest import Browser, RelayHandle, eventually
 
 pytestmark = pytest.mark.browser
@@ -193,3 +195,26 @@ async def test_an_admin_can_list_everyones_sessions_and_sees_whose_they_are(
     await expect(page.locator("#session-owner")).to_have_text("alice's session")
     await expect(page.locator("#turns article.turn")).to_have_count(1)
     await expect(page.locator("#prompt")).to_be_disabled()  # watch and abort, not write in it
+
+
+async def test_an_admin_sees_why_a_removed_persons_turn_ended(
+    page: Page, relay: RelayHandle
+) -> None:
+    alice = await Browser(relay.url, await relay.people.token("alice")).connect()
+    try:
+        ack = await alice.submit("Alice's question")  # no drone: it waits in line
+        assert await relay.relay.accounts.remove_user("alice")
+        await eventually(lambda: ("loggedOut", {"reason": NOT_LOGGED_IN}) in alice.events)
+    finally:
+        await alice.close()
+    await log_in(page, relay, "root", role="admin")
+    await page.goto(relay.url + "/")
+    await page.click('#sessions-scope [data-scope="everyone"]')
+    await page.locator("#sessions .session").click()
+
+    turn = page.locator(f'#turns article.turn[data-turn-id="{ack["turnId"]}"]')
+    await expect(turn).to_have_class(has_class("aborted"))
+    await expect(turn.locator(".turn-status")).to_have_text(
+        "Aborted: its person's account was removed."
+    )
+    await assert_not_red(turn)
