@@ -169,14 +169,16 @@ def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
     )
 
 
-RECENT_TURNS = """
-    SELECT * FROM turns WHERE session_id = ? AND (
-        CAST(? AS TEXT) IS NULL OR created_at < (SELECT created_at FROM turns WHERE turn_id = ?)
-        OR (created_at = (SELECT created_at FROM turns WHERE turn_id = ?) AND turn_id < ?)
+BEFORE = "(SELECT created_at FROM turns AS b WHERE b.turn_id = ? AND b.session_id = t.session_id)"
+RECENT_TURNS = f"""
+    SELECT * FROM turns AS t WHERE session_id = ? AND (
+        CAST(? AS TEXT) IS NULL OR created_at < {BEFORE}
+        OR (created_at = {BEFORE} AND turn_id < ?)
     ) ORDER BY created_at DESC, turn_id DESC LIMIT ?
 """
-"""A page of a session's turns, newest first, before a turn (``?`` five times: session, then
-the ``before`` turn id four times, then the limit + 1)."""
+"""A page of a session's turns, newest first, before a turn of that session (none before a
+turn of another: that says nothing of it) (``?`` five times: session, then the ``before`` turn
+id four times, then the limit + 1)."""
 
 
 def end_turn_sql(from_statuses: tuple[TurnStatus, ...]) -> str:

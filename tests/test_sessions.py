@@ -542,3 +542,11 @@ async def test_a_long_session_opens_with_its_latest_turns_and_pages_back(
         "ok": False,
         "error": UNKNOWN_SESSION,
     }
+    # Another's turn in one's own session's ``before`` tells as much as a turn that never was.
+    own = (await stranger.submit("Mine"))["sessionId"]
+    later = (await alice.submit("Asked after bob's"))["turnId"]
+    paged = [
+        await stranger.call("openSession", {"sessionId": own, "before": before})
+        for before in (later, "t_000", "t_nothing")
+    ]
+    assert [answer["turns"] for answer in paged] == [[], [], []]
