@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -25,6 +26,7 @@ from typing import Protocol
 from hangar.shared.abort import AbortController, AbortError, AbortSignal, linked_controller
 from hangar.shared.protocol import (
     ANSWER_TOO_LONG,
+    ID_PATTERN,
     MAX_MESSAGE_BYTES,
     STALLED,
     TOOL_CANCELLED,
@@ -53,6 +55,10 @@ MAX_TOOL_RESULT_CHARS = 200_000
 """The most of a tool's result the model (and the person) is given; the rest is counted."""
 STALL = 120.0
 """Seconds a model stream may go without sending anything before it is given up."""
+MAX_TOOL_NAME = 128
+"""A call's name is cut there (as ``ToolCall`` holds it): a longer one names no tool anyway."""
+ID_ROOM = 120
+"""Characters of a model's call id kept, leaving room for a suffix that makes it unique."""
 
 
 class Report(Protocol):
@@ -127,9 +133,11 @@ class Tally:
         """``proposed``, or a new id if a call of the work order has it already: a model may
         number each answer's calls from ``call_1`` (Ollama does), and a page, the relay and
         the person's approvals tell a work order's calls apart by id."""
-        unique = proposed = proposed or "call"
+        if not re.fullmatch(ID_PATTERN, proposed):  # empty, too long, or not an id's characters
+            proposed = re.sub(r"[^A-Za-z0-9_.:-]", "_", proposed)[:ID_ROOM] or "call"
+        unique = proposed
         while unique in self.ids:
-            unique = f"{proposed}_{secrets.token_hex(3)}"
+            unique = f"{proposed[:ID_ROOM]}_{secrets.token_hex(3)}"
         self.ids.add(unique)
         return unique
 
@@ -232,6 +240,7 @@ class Agent:
             await self.report.text(chunk, self.depth)
         elif isinstance(event, ToolCallRequest):
             name, arguments = whole_text(event.name), whole_text(event.arguments)
+            name = name[:MAX_TOOL_NAME] or "unnamed"  # no tool is named so: an error result
             calls.append(ToolCall(id=self.tally.call_id(event.id), name=name, arguments=arguments))
         else:
             self.tally.counted(event)

@@ -164,13 +164,13 @@ def _shown(arguments: str) -> str:
         return arguments
     try:
         parsed = json.loads(arguments)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        shortened = {key: _cut(value) for key, value in parsed.items()}
-        shown = json.dumps(shortened, ensure_ascii=False)
-        if len(shown) <= SHOWN_ARGUMENTS_CHARS:
-            return shown
+        if isinstance(parsed, dict):
+            shortened = {key: _cut(value) for key, value in parsed.items()}
+            shown = json.dumps(shortened, ensure_ascii=False)
+            if len(shown) <= SHOWN_ARGUMENTS_CHARS:
+                return shown
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python can walk
+        pass
     return cut(arguments, SHOWN_ARGUMENTS_CHARS)
 
 

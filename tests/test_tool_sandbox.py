@@ -18,7 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import uvloop
 
+from hangar.drone.tools import ToolError
 from hangar.drone.tools.sandbox import (
     Limits,
     Sandbox,
@@ -121,6 +123,23 @@ async def test_a_sandboxed_command_reads_and_writes_the_work_directory(
 
     assert result == f"exit code 0\nfrom the host{workdir}\n"
     assert (workdir / "out.txt").read_text() == "made here\n"
+
+
+@pytest.mark.parametrize("confined", [True, False], ids=["sandboxed", "unconfined"])
+def test_a_command_with_a_nul_is_refused_not_run_cut_at_it(
+    sandbox: Sandbox, workdir: Path, confined: bool
+) -> None:
+    """On uvloop, the drone's event loop, an argument is cut at a NUL instead of refused: what
+    ran was not what the person approved."""
+    (workdir / "build").mkdir()
+    command = "rm -rf build\0/cache"
+    running = run_shell(
+        workdir, command, AbortController().signal, 30, sandbox=sandbox if confined else None
+    )
+
+    with pytest.raises(ToolError, match="NUL character"):
+        uvloop.run(running)
+    assert (workdir / "build").is_dir()
 
 
 async def test_a_sandboxed_command_cannot_write_outside_the_work_directory(

@@ -408,3 +408,39 @@ async def test_every_tool_call_of_a_turn_has_its_own_id_when_the_model_repeats_o
     call, result = (await stored(relay, turn_id)).messages[1:3]
     assert call.tool_calls is not None and call.tool_calls[0].id == ids[(0, "spawn_subagent")]
     assert result.tool_call_id == ids[(0, "spawn_subagent")] and result.content == "Nothing much."
+
+
+async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the_turn_goes_on(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """A model's call with arguments nested past any depth, with no name, with a name longer
+    than any tool's, or with an id that is no id: each gets an error result the model reads,
+    and the turn goes on, as for any tool that fails. Before, the first killed the drone's
+    worker (and every turn on it) and the others failed the turn as the drone's failure."""
+    nested = '{"path": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[
+                ScriptedToolCall("read_file", nested),
+                ScriptedToolCall("", {}),
+                ScriptedToolCall("x" * 300, {}),
+                ScriptedToolCall("list_directory", {}, "not an id! " * 20),
+            ],
+        ),
+        Reply(chunks=["Some of those failed."]),
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    turn_id = (await browser.submit("Call odd tools"))["turnId"]
+
+    assert (await browser.completion(turn_id, timeout=20))[1:] == (True, "Some of those failed.")
+    messages = (await stored(relay, turn_id)).messages
+    calls = messages[1].tool_calls or []
+    results = {m.tool_call_id: m.content for m in messages[2:6]}
+    assert [c.name for c in calls] == ["read_file", "unnamed", "x" * 128, "list_directory"]
+    assert len({c.id for c in calls}) == 4 and set(results) == {c.id for c in calls}
+    assert "nested too deeply" in results[calls[0].id]
+    assert all("There is no tool named" in results[c.id] for c in calls[1:3])
+    assert not results[calls[3].id].startswith("Error")
+    sent_back = openai_peer.requests[-1]
+    assert sent_back.rejected is None  # the history the service got is a valid one

@@ -45,8 +45,13 @@ class ScriptedToolCall:
     """A tool call the peer should emit. ``id`` is generated when ``None`` (OpenAI)."""
 
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    """An object, or (OpenAI only) the text to send as they are, valid JSON or not."""
     id: str | None = None
+
+
+def arguments_text(arguments: dict[str, Any] | str) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 @dataclass

@@ -126,7 +126,7 @@ class OllamaPeer(UpstreamPeer):
             call["function"] = {
                 "index": i,
                 "name": tc.name,
-                "arguments": dict(tc.arguments),
+                "arguments": tc.arguments if isinstance(tc.arguments, dict) else {},
             }
             calls.append(call)
         return calls

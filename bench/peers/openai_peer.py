@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from aiohttp import web
 
-from .base import RecordedRequest, Reply, UpstreamPeer, dumps, random_id
+from .base import RecordedRequest, Reply, UpstreamPeer, arguments_text, dumps, random_id
 
 SERVER_ERROR_MESSAGE = "The server had an error while processing your request. Sorry about that!"
 
@@ -146,7 +145,7 @@ class OpenAIPeer(UpstreamPeer):
                     "type": "function",
                     "function": {
                         "name": tc.name,
-                        "arguments": json.dumps(tc.arguments),
+                        "arguments": arguments_text(tc.arguments),
                     },
                 }
                 for tc, call_id in zip(reply.tool_calls, self._tool_call_ids(reply), strict=True)
@@ -246,7 +245,7 @@ class OpenAIPeer(UpstreamPeer):
                 }
             ]
             await self.emit(rec, resp, event(head))
-            for piece in split_pieces(json.dumps(tc.arguments), reply.tool_call_pieces):
+            for piece in split_pieces(arguments_text(tc.arguments), reply.tool_call_pieces):
                 delta = {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
                 await self.emit(rec, resp, event(delta))
 

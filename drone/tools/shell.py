@@ -41,6 +41,8 @@ async def run_shell(
     """Run ``command`` with ``sh -c``; "exit code N\\n<output>". ``network`` applies in the
     sandbox only (unconfined commands have the host's network)."""
     # The first call probes the machine (a few ms of subprocesses): off the event loop.
+    if "\0" in command:  # no argument can carry it (some event loops cut it there)
+        raise ToolError("The command contains a NUL character.")
     place = sandbox if sandbox is not None else await asyncio.to_thread(unconfined)
     argv = place.argv(workdir, command, network=network)
     try:
@@ -55,8 +57,6 @@ async def run_shell(
         )
     except OSError as error:
         raise ToolError(f"The command could not be started: {error.strerror}.") from None
-    except ValueError:  # a NUL character: no argument can carry it
-        raise ToolError("The command contains a NUL character.") from None
     assert process.stdout is not None
     output = BoundedOutput(MAX_OUTPUT_CHARS - TAIL_CHARS, TAIL_CHARS)
     reader = asyncio.ensure_future(drain(process.stdout, output))

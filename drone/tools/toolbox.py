@@ -152,6 +152,8 @@ def _arguments(text: str) -> dict[str, Any]:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as error:
         raise ToolError(f"The arguments are not valid JSON: {error.msg}.") from None
+    except RecursionError:
+        raise ToolError("The arguments are nested too deeply.") from None
     if not isinstance(value, dict):
         raise ToolError("The arguments must be a JSON object.")
     return value
