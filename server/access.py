@@ -134,7 +134,10 @@ class Access:
         if not origin:
             return True
         own = f"{environ.get('wsgi.url_scheme', 'http')}://{environ.get('HTTP_HOST', '')}"
-        return origin == own or origin in self.allowed_origins
+        if origin == own or origin in self.allowed_origins:
+            return True
+        log.info("refused a connection from the origin %r", origin[:200])
+        return False
 
     def _request_origin_allowed(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")

@@ -126,6 +126,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         if config.ping
         else max(2 * PING_FLOOR, config.drone_grace * 2 / 3),
     )
+    # A foreign origin is a client's doing, not the relay's failure: engine.io logs it at INFO,
+    # not at ERROR the first time.
+    sio.eio.log_message_keys.add("bad-origin")
     app = web.Application()
     sio.attach(app)
     relay = Relay(

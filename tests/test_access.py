@@ -476,7 +476,10 @@ async def test_the_demo_behind_a_proxy_logs_in_no_visitor_the_proxy_forwards(
 
 
 @pytest.mark.parametrize("transport", ["websocket", "polling"])
-async def test_a_foreign_origin_is_refused(relay: RelayHandle, transport: str) -> None:
+async def test_a_foreign_origin_is_refused(
+    relay: RelayHandle, transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     token = await relay.people.token()
     client = socketio.AsyncClient(reconnection=False)
     with pytest.raises(socketio.exceptions.ConnectionError):
@@ -489,6 +492,8 @@ async def test_a_foreign_origin_is_refused(relay: RelayHandle, transport: str) -
             wait_timeout=5,
         )
     await client.disconnect()
+    refusals = [r for r in caplog.records if "evil.example" in r.getMessage()]
+    assert refusals and {r.levelname for r in refusals} == {"INFO"}  # a client's doing
 
     own = socketio.AsyncClient(reconnection=False)
     await own.connect(
