@@ -160,6 +160,29 @@ async def test_a_sandboxed_command_cannot_write_outside_the_work_directory(
     assert [target for target in targets if target.exists()] == []
 
 
+async def test_a_sandboxed_command_cannot_fill_the_machines_memory_outside_its_bounds(
+    sandbox: Sandbox, workdir: Path
+) -> None:
+    """The sandbox's root and ``/dev`` are memory-backed: a command wrote gigabytes there,
+    past its 1 GiB ``/tmp``. Now they are read-only, and ``/dev/shm`` is bounded; what
+    commands need of them still works."""
+    command = (
+        "mkdir /made; echo x > /dev/made; "
+        "head -c 100000000 /dev/zero > /dev/shm/big; echo shm $?; rm /dev/shm/big; "
+        "echo > /dev/null && echo null writable; "
+        "python3 -c 'import multiprocessing as m; print(m.Pool(2).map(abs, [-1, -2]))'"
+    )
+
+    result = await shell(workdir, command, sandbox)
+
+    assert "cannot create directory '/made': Read-only" in result.replace("‘", "'").replace(
+        "’", "'"
+    )
+    assert "cannot create /dev/made: Read-only file system" in result
+    assert "No space left on device" in result and "shm 1" in result
+    assert result.endswith("null writable\n[1, 2]\n"), result
+
+
 async def test_a_sandboxed_command_sees_no_home_no_drone_files_and_no_drone_environment(
     sandbox: Sandbox, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

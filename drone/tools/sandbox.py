@@ -60,6 +60,8 @@ class Limits:
     processes: int = 512
     tmp_size: int = 1 << 30
     """Size of the sandbox's own ``/tmp`` (memory-backed)."""
+    shm_size: int = 64 << 20
+    """Size of its ``/dev/shm`` (memory-backed: POSIX shared memory, semaphores)."""
 
     def prlimit(self, *, count_processes: bool = True) -> list[str]:
         """The ``prlimit … --`` prefix, or nothing where ``prlimit`` is missing.
@@ -114,6 +116,11 @@ class Sandbox:
             "--size", str(self.limits.tmp_size), "--tmpfs", "/tmp",
             "--proc", "/proc",
             "--dev", "/dev",
+            "--size", str(self.limits.shm_size), "--tmpfs", "/dev/shm",
+            # The sandbox's root and /dev are memory too: nothing is written there (device
+            # files stay writable on a read-only mount).
+            "--remount-ro", "/dev",
+            "--remount-ro", "/",
             # Last, so that a work directory under /tmp or /dev is the real one.
             "--bind", root, root,
             "--chdir", root,
