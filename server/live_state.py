@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hangar.shared.protocol import DroneRecord
@@ -72,6 +72,9 @@ class LiveTurn:
     """How far into the turn's text (in the drone's characters) the relay has it."""
     units: int = 0
     """The same length in UTF-16 code units (where browsers put the next text)."""
+    waiting: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Its calls waiting for a person (``tool`` events), by call id: written back to a live
+    state that lost them."""
 
 
 class LiveState(Protocol):
@@ -142,6 +145,10 @@ class LiveState(Protocol):
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         """Keep a tool call waiting for a person (its ``tool`` progress event), or drop it."""
+
+    async def lost_everything(self) -> bool:
+        """Whether the live state lost what it held since the last call (Redis restarted
+        empty): what only this relay knows is to be written back."""
 
     async def waiting(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's tool calls waiting for a person."""
@@ -244,6 +251,9 @@ class LocalLiveState:
 
     async def ended_elsewhere(self) -> list[str]:
         return []  # one relay: every ending is its own
+
+    async def lost_everything(self) -> bool:
+        return False  # it lives and dies with this relay
 
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         if call is not None:

@@ -203,6 +203,10 @@ class Reaper:
         doubt = self.live_state.endings_in_doubt()
         if doubt is not None:  # first, from the store alone: also while Redis is down
             await self._check_live_turns(doubt)
+        if await self.live_state.lost_everything():  # Redis restarted empty: what waits here
+            for turn_id, live in list(self.endings.live.items()):
+                for call_id, call in list(live.waiting.items()):
+                    await self.live_state.set_waiting(turn_id, call_id, call)
         ended = await self.live_state.ended_elsewhere()
         kept_here = self.live_state.kept_turns() if ended else set()
         for turn_id in ended:

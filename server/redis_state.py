@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -75,6 +76,7 @@ class RedisLiveState:
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
         self.prefix = prefix
+        self.instance, self._marked = secrets.token_hex(8), False  # for ``lost_everything``
         self.presence = max(presence, PRESENCE_FLOOR)
         """Seconds an entry of this relay's lasts unrefreshed (its ``drone_grace``): a drone whose
         relay died is gone for every relay within it."""
@@ -266,6 +268,16 @@ class RedisLiveState:
                 turns.append(_text(fields.get(b"turn") or fields.get("turn") or b""))
         return turns
 
+    async def lost_everything(self) -> bool:
+        """A key of this relay's own, made on the first call: missing later, Redis lost it."""
+        key = self.key("relay", self.instance)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, 1, nx=True)
+            pipe.expire(key, 60)
+            made, _ = await pipe.execute()
+        first, self._marked = not self._marked, True
+        return bool(made) and not first
+
     async def set_waiting(self, turn_id: str, call_id: str, call: dict[str, Any] | None) -> None:
         key = self.key("waiting", turn_id)
         if call is None:
@@ -284,8 +296,8 @@ class RedisLiveState:
         self, turn_id: str, event: dict[str, Any], size: int, limit: int
     ) -> int | None:
         """The turn's kept characters are counted in Redis too: one bound for every relay its
-        drone reports through, also after a reconnect. This relay's copy is written back when
-        Redis lost what it held (it came back empty), as the turn's text is."""
+        drone reports through, also after a reconnect. This relay's copy is written back to a
+        Redis that lost it, as the turn's text is."""
         key, chars = self.key("subagents", turn_id), self.key("subchars", turn_id)
         kept = self._kept(turn_id)
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -178,6 +178,10 @@ class DroneReports:
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None
+            if waiting is None:
+                live.waiting.pop(event.call_id, None)
+            else:
+                live.waiting[event.call_id] = waiting
             await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
         kept = None if isinstance(event, MessageAdded) else sub_agents.kept_event(payload)
         if kept is not None and (number := await self._keep(event.turn_id, kept)):

@@ -662,6 +662,50 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
         await store.close()
 
 
+async def test_a_call_waiting_for_approval_can_be_approved_after_redis_restarts_empty(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+) -> None:
+    """The drone's relay writes back the calls waiting on it, as it does a turn's text: the
+    person's relay finds the call again, and a page opened now shows it."""
+    a = await relay_processes(redis=own_redis.url)
+    b = await relay_processes(redis=own_redis.url)
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("list_directory", {})]),
+        Reply(chunks=["Listed."]),
+    )
+    drone_process(Upstream("openai", openai_peer), server=b.url, tools="list_directory=ask")
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(a.url, await People(Accounts(store)).token("ada")).connect()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        ack = await browser.submit("List the files, once I say so")
+        turn_id = ack["turnId"]
+        waiting = await eventually(
+            lambda: [p for p in browser.progress(turn_id, "tool") if p["state"] == "waiting"],
+            timeout=10,
+            what="the call waiting",
+        )
+
+        own_redis.restart()
+
+        async def shown_again() -> bool:
+            opened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
+            return bool(opened.get("ok") and opened["turns"][0]["waiting"])
+
+        await eventually(shown_again, timeout=5, what="the waiting call in a snapshot again")
+        answer = {"turnId": turn_id, "callId": waiting[0]["callId"], "approve": True}
+        assert (await browser.call("approveToolCall", answer))["ok"] is True
+        assert (await browser.completion(turn_id, timeout=10))[1:] == (True, "Listed.")
+    finally:
+        await browser.close()
+        await store.close()
+
+
 async def test_a_drone_connecting_while_redis_stalls_is_let_in_once_it_answers(
     relay_processes: Start,
     drone_process: Start,
