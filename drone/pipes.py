@@ -90,6 +90,8 @@ class WorkerProcess:
         """Frames for a worker being (re)started."""
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
+        self.answered = 0.0
+        """When (the loop's time) it last sent anything: ``pool._watch``."""
 
     async def start(self, settings: bytes) -> asyncio.subprocess.Process:
         self.ready.clear()

@@ -51,6 +51,10 @@ EXIT_WITHIN = 5.0
 RESTART_PAUSES = (0.0, 1.0, 2.0, 5.0)
 """Seconds before a dead worker is replaced: longer while replacements keep dying young."""
 YOUNG = 10.0
+WORKER_PING = 1.0
+"""Seconds between the drone's asking each worker whether its loop runs."""
+WORKER_SILENT = 15.0
+"""Seconds a worker may leave that unanswered (frozen, stopped) before it is replaced."""
 
 
 class WorkerStartError(Exception):
@@ -121,6 +125,7 @@ class WorkerPool:
         """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
         first (or none is ready in time)."""
         self._lives = [asyncio.ensure_future(self._live(w)) for w in self.workers]
+        self._lives.append(asyncio.ensure_future(self._watch()))
         for worker in self.workers:
             up = asyncio.ensure_future(worker.ready.wait())
             down = asyncio.ensure_future(worker.exited.wait())
@@ -286,6 +291,25 @@ class WorkerPool:
             deaths = deaths + 1 if loop.time() - born < YOUNG else 0
             await asyncio.sleep(RESTART_PAUSES[min(deaths, len(RESTART_PAUSES) - 1)])
 
+    async def _watch(self) -> None:
+        """Replace a worker whose loop has not answered for ``WORKER_SILENT``: its work orders
+        end in error, as when it dies, instead of running on past every bound of theirs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(WORKER_PING)
+            for worker in self.workers:
+                process = worker.process
+                if process is None or process.returncode is not None or not worker.ready.is_set():
+                    continue  # starting (``START_WITHIN``), or being replaced
+                silent = loop.time() - worker.answered
+                if silent < WORKER_SILENT:
+                    worker.send(frame(["ping"]))
+                    continue
+                log.warning("%s has not answered for %.0f s: it is replaced", worker.name, silent)
+                worker.ready.clear()
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+
     async def _run(self, worker: WorkerProcess) -> int | None:
         """Start ``worker``'s process and take its events until it ends; its exit code (None
         if it could not start)."""
@@ -311,6 +335,7 @@ class WorkerPool:
                 events = await read_frame(stdout)
             except EOFError:
                 return
+            worker.answered = asyncio.get_running_loop().time()
             for event in events:
                 await self._take(worker, event)
 
@@ -322,6 +347,8 @@ class WorkerPool:
         if kind == "ready":
             worker.ready.set()
             return
+        if kind == "pong":
+            return  # its loop runs (``_watch``)
         turn_id = event[1]
         assigned = self.running.get(turn_id)
         if assigned is None or assigned.worker is not worker:

@@ -132,6 +132,8 @@ class Worker:
                 self.root.abort(AbortError(message[1], cause=message[2]))
             elif kind == "forget":
                 self.histories.forget(message[1])
+            elif kind == "ping":  # on the loop: a loop that is stuck does not answer
+                self.outbox.event(["pong"])
             elif kind == "gone":
                 self.root.abort(AbortError(DRONE_GONE, cause="shutdown"))
                 self.gone.set()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone import pool
 from hangar.drone.pool import WORKER_STOPPED
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.server.reaper import DRONE_LOST
@@ -119,6 +120,36 @@ async def test_a_killed_worker_ends_its_turns_in_error_and_a_new_one_takes_its_p
     turn_id = (await browser.submit("Again"))["turnId"]
     assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "still here")
     assert worker_pids() not in ([], [killed])
+
+
+async def test_a_frozen_worker_is_replaced_and_its_turns_end_in_error(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose loop stops (SIGSTOP here; a native call that never returns does the
+    same) kept its turns processing past every bound, and took the next orders too; the drone
+    answered the relay's pings all along. It is now replaced as a dead one is."""
+    monkeypatch.setattr(pool, "WORKER_SILENT", 2.0)
+    upstream.peer.script(SLOW)
+    drone = await start_drone(upstream, workers=1, concurrency=2)
+    turn_id = (await browser.submit("Stream on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (frozen,) = worker_pids()
+
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, False, WORKER_STOPPED)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    assert drone.drone_id in relay.relay.directory.local, "the drone stayed connected"
+    upstream.peer.script(Reply(chunks=["thawed ", "out"]))
+    turn_id = (await browser.submit("Again"))["turnId"]
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "thawed out")
+    assert frozen not in worker_pids()
 
 
 async def test_a_worker_is_sent_only_the_history_it_lacks_and_all_of_it_once_it_died(
