@@ -47,7 +47,7 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
         assert reader is not None
         silence = Silence(reader, self.ping_interval + self.ping_timeout)
         self.went_silent = False
-        broken = False
+        broken = stranded = False
         read = 0
         try:
             while self.state == "connected" and self.write_loop_task:
@@ -72,6 +72,9 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
             reader.uncancel()
             self.logger.warning("Server has stopped communicating, aborting")
             self.went_silent = broken = True
+            # The relay's CLOSE began a disconnect here, waiting for the websocket to close:
+            # left half done, the client would never connect again.
+            stranded = self.state == "disconnecting"
         except Exception as error:
             self.logger.info('Unexpected error receiving packet: "%s", aborting', error)
             broken = True
@@ -81,6 +84,10 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
             await self.queue.put(None)  # the writer ends
             await self._drop()
         await self._read_loop_ended()
+        if stranded and self.state == "disconnecting":
+            with contextlib.suppress(ValueError):
+                base_client.connected_clients.remove(self)
+            await self._reset()  # disconnected, the writer's queue emptied for the next one
 
     async def _drop(self) -> None:
         """Close the websocket at once: a relay that went silent will not answer the close (and

@@ -329,12 +329,12 @@ async def sqlite_relay(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     database = relay_folder(tmp_path) / "hangar.db"
     started: list[asyncio.subprocess.Process] = []
 
-    async def start() -> tuple[str, asyncio.subprocess.Process, Path]:
+    async def start(grace: float = 2.0) -> tuple[str, asyncio.subprocess.Process, Path]:
         log = tmp_path / f"relay-{len(started)}.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
                 *HANGAR, "serve", "--port", str(port), "--database", str(database),
-                "--drone-token", DRONE_TOKEN, "--drone-grace", "2",
+                "--drone-token", DRONE_TOKEN, "--drone-grace", str(grace),
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         started.append(process)
@@ -393,6 +393,47 @@ async def test_a_relay_restart_mid_turn_loses_no_text(
         await a_next_turn_works(again, turn.session_id, openai_peer)
     finally:
         await again.close()
+
+
+@pytest.mark.parametrize("grace", [1.0, 2.0])
+async def test_a_drone_comes_back_to_a_relay_stopped_and_started_again(
+    sqlite_relay: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+    grace: float,
+) -> None:
+    """The relay's goodbye (engine.io's CLOSE) began the drone's disconnect; with a grace of
+    1 s the drone's silence timer cut it short before its websocket closed, and the drone,
+    waiting for that disconnect to finish, never connected again."""
+    url, process, _ = await sqlite_relay(grace)
+    drone_process(Upstream("openai", openai_peer), server=url)
+    token = await person_token(relay_folder(tmp_path) / "hangar.db")
+    browser = await Browser(url, token).connect()
+    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    await browser.close()
+
+    process.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(process.wait(), 10)
+    await asyncio.sleep(3)  # the relay stays down a while: the fault itself
+    url, _, _ = await sqlite_relay(grace)
+
+    again = await Browser(url, token).connect()
+    try:
+        await eventually(lambda: _drones(again), timeout=15, what="the drone to come back")
+        await a_next_turn_works_without_history(again, openai_peer)
+    finally:
+        await again.close()
+
+
+async def a_next_turn_works_without_history(browser: Browser, peer: OpenAIPeer) -> None:
+    peer.script(Reply(chunks=["back ", "again"]))
+    ack = await browser.submit("Are you back?")
+    assert await browser.completion(ack["turnId"], timeout=20) == (
+        ack["turnId"],
+        True,
+        "back again",
+    )
 
 
 async def _drones(browser: Browser) -> list[Any]:
