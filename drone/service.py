@@ -42,7 +42,7 @@ from hangar.shared.protocol import (
     WorkOrder,
 )
 
-from .agent import STALL, Agent, NoTools, Report, Tally, ToolRunner
+from .agent import STALL, Agent, NoTools, Report, StepLimitError, Tally, ToolRunner
 from .approvals import APPROVAL_TIMEOUT, Approvals
 from .providers import Provider, ProviderError
 from .tools import Toolbox
@@ -278,6 +278,9 @@ def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool,
         return True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
     if isinstance(error, ProviderError):
         log.warning("provider failed turn=%s: %s", turn_id, error)
+        return False, str(error), "model_failed"
+    if isinstance(error, StepLimitError):  # the model called tools and never answered
+        log.warning("step limit turn=%s: %s", turn_id, error)
         return False, str(error), "model_failed"
     log.error("work order failed turn=%s", turn_id, exc_info=error)
     return False, f"The drone failed: {error}", "drone_failed"

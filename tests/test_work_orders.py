@@ -7,6 +7,7 @@ NDJSON peer) where the ``upstream`` fixture is used.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.agent import MAX_STEPS
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
 from tests.conftest import Browser, RelayHandle, Upstream
@@ -444,3 +446,27 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     assert not results[calls[3].id].startswith("Error")
     sent_back = openai_peer.requests[-1]
     assert sent_back.rejected is None  # the history the service got is a valid one
+
+
+async def test_a_model_that_never_stops_calling_tools_ends_the_turn_as_its_failure(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After 25 model calls without a final answer the turn ends, as the model's failure (not
+    the drone's, with a traceback), and its history stays valid: every call has its result."""
+    looping = Reply(chunks=[], tool_calls=[ScriptedToolCall("list_directory", {})])
+    openai_peer.script(*[looping] * (MAX_STEPS + 1))
+    await start_drone(Upstream("openai", openai_peer))
+    turn_id = (await browser.submit("Look around forever"))["turnId"]
+
+    limit = f"Stopped after {MAX_STEPS} model calls without a final answer."
+    assert await browser.completion(turn_id, timeout=30) == (turn_id, False, limit)
+    assert (await browser.ending(turn_id))["reason"] == "model_failed"
+    turn = await stored(relay, turn_id)
+    calls = [c.id for m in turn.messages for c in m.tool_calls or []]
+    answered = [m.tool_call_id for m in turn.messages if m.role == "tool"]
+    assert len(calls) == MAX_STEPS and answered == calls
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
