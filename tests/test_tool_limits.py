@@ -145,6 +145,14 @@ async def test_read_file_refuses_a_fifo_at_once_instead_of_hanging(workdir: Path
     assert str(refused.value) == "'pipe' is not a regular file."
 
 
+async def test_a_write_refused_as_outside_makes_no_folder_on_its_way(workdir: Path) -> None:
+    with pytest.raises(ToolError, match="outside the work directory"):
+        await write_file(workdir, "made/on/../../../escape.txt", "out")
+
+    assert os.listdir(workdir) == []
+    assert not (workdir.parent / "escape.txt").exists()
+
+
 async def test_write_file_still_creates_and_replaces_files(workdir: Path) -> None:
     assert await write_file(workdir, "sub/new.txt", "a longer first text") == (
         "Wrote 19 characters to sub/new.txt."

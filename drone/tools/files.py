@@ -67,6 +67,8 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
     pending = deque(_parts(root, path, path))
     if sum(part not in ("", ".", "..") for part in pending) > MAX_DEPTH + 1:
         raise ToolError(f"A path may go {MAX_DEPTH} folders deep at most.")
+    if make_folders and _climbs_out(pending):  # refused before a folder is made on its way
+        raise _outside(path)
     folders = [os.open(root, DIRECTORY)]
     links = 0
     try:
@@ -103,6 +105,19 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
     finally:
         for folder in folders:
             os.close(folder)
+
+
+def _climbs_out(parts: deque[str]) -> bool:
+    """Whether ``..`` in ``parts`` leaves the folder they start in, as written."""
+    depth = 0
+    for part in parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
 
 
 def _enter(parent: int, name: str, path: str, make: bool) -> int:
