@@ -30,6 +30,7 @@ from hangar.shared.protocol import (
     MAX_MESSAGE_BYTES,
     STALLED,
     TOOL_CANCELLED,
+    TOOL_LOST,
     ChatMessage,
     ToolCall,
     Usage,
@@ -253,12 +254,12 @@ class Agent:
     ) -> None:
         for index, call in enumerate(calls):
             if signal.aborted:
-                await self._cancel(calls[index:], keep)
+                await self._cancel(calls[index:], keep, signal.reason)
                 signal.throw_if_aborted()
             try:
                 result = await self._run_tool(call, signal)
-            except AbortError:
-                await self._cancel(calls[index:], keep)
+            except AbortError as error:
+                await self._cancel(calls[index:], keep, error)
                 raise
             await keep(
                 ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
@@ -287,14 +288,19 @@ class Agent:
         return result
 
     async def _cancel(
-        self, calls: list[ToolCall], keep: Callable[[ChatMessage], Awaitable[None]]
+        self,
+        calls: list[ToolCall],
+        keep: Callable[[ChatMessage], Awaitable[None]],
+        why: AbortError | None = None,
     ) -> None:
+        """Each call a result saying it did not run (to its end): cancelled by a person, or
+        cut by the turn's end (its deadline, a stalled model, the drone out of touch)."""
+        ended = why is not None and why.cause in ("deadline", "stall", "cut_off")
+        result = TOOL_LOST if ended else TOOL_CANCELLED
         for call in calls:
-            await self.report.tool(call, "cancelled", self.depth, TOOL_CANCELLED)
+            await self.report.tool(call, "cancelled", self.depth, result)
             await keep(
-                ChatMessage(
-                    role="tool", content=TOOL_CANCELLED, tool_call_id=call.id, name=call.name
-                )
+                ChatMessage(role="tool", content=result, tool_call_id=call.id, name=call.name)
             )
 
     def _asked_to_stop(self) -> bool:

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.agent import MAX_TOOL_RESULT_CHARS
-from hangar.shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, ChatMessage
+from hangar.shared.protocol import ABORT_SIGNALED, TOOL_CANCELLED, TOOL_LOST, ChatMessage
 from tests.conftest import Browser, DroneHandle, RelayHandle, Upstream, eventually
 from tests.test_tool_sandbox import processes_running, unique_sleep
 
@@ -430,3 +430,25 @@ async def test_a_file_of_a_megabyte_written_by_the_model_is_written(
     shown = json.loads(tool["arguments"])
     assert shown["path"] == "big.txt"
     assert shown["content"] == "a" * 20_000 + "[… 1080000 more characters not shown]"
+
+
+async def test_a_tool_cut_short_by_the_deadline_says_so_in_the_history(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    """Its result tells the model (and the person, on a retry) why it has none: the turn
+    ended; not "cancelled by user", nobody cancelled it."""
+    openai_peer.script(Reply(chunks=[], tool_calls=[call("run_shell", command="sleep 30")]))
+    await start_drone(Upstream("openai", openai_peer), deadline=1.0, workdir=str(tmp_path))
+    ack = await browser.submit("Wait for it")
+
+    assert (await browser.completion(ack["turnId"], timeout=10))[1:] == (
+        False,
+        "Timed out after 1 s",
+    )
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None
+    assert [(m.role, m.content) for m in turn.messages[2:]] == [("tool", TOOL_LOST)]
