@@ -23,7 +23,7 @@ from .dispatch import Dispatcher
 from .live_state import LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
-from .reports import utf16_length
+from .reports import shown_message, utf16_length
 from .rooms import Rooms
 from .store import Ending, TurnRecord, TurnStore
 
@@ -125,7 +125,8 @@ class TurnEndings:
             ending.reason,
         )
         for number, message in ending.messages:  # as if each had come on its own, before
-            shown = MessageAdded(turn_id=turn_id, message=message, number=number).wire()
+            added = MessageAdded(turn_id=turn_id, message=message, number=number).wire()
+            shown = shown_message(added)
             self.metrics.progress_events.inc()
             await self.rooms.to_session(
                 ended.session_id, WORK_ORDER_PROGRESS, {**shown, "sessionId": ended.session_id}

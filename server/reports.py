@@ -48,6 +48,27 @@ text_failures = QuietLog(log)
 TURN_ENDED_ALREADY = "The turn has already ended."
 NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
 PERSON_REMOVED = Ending("aborted", ABORTED, "removed")
+SHOWN_MESSAGE_CHARS = 20_000
+"""The most of a message's text, and of each of its calls' arguments, browsers get in its
+``message`` event: the page shows neither (the text streamed, the calls have ``tool`` events),
+and the store keeps them whole."""
+
+
+def shown_message(payload: dict[str, Any]) -> dict[str, Any]:
+    """A ``message`` progress event as browsers get it: long strings cut, saying so."""
+    message = dict(payload["message"])
+    message["content"] = _cut(message.get("content", ""))
+    if message.get("toolCalls"):
+        message["toolCalls"] = [
+            {**call, "arguments": _cut(call["arguments"])} for call in message["toolCalls"]
+        ]
+    return {**payload, "message": message}
+
+
+def _cut(text: str) -> str:
+    if len(text) <= SHOWN_MESSAGE_CHARS:
+        return text
+    return f"{text[:SHOWN_MESSAGE_CHARS]}… ({len(text) - SHOWN_MESSAGE_CHARS} characters left out)"
 
 
 class DroneReports:
@@ -170,11 +191,11 @@ class DroneReports:
                     type(error).__name__,
                     str(error)[:200],
                 )
-        elif isinstance(event, MessageAdded) and not await self.store.add_message(
-            event.turn_id, event.message, event.number
-        ):
-            self.live.pop(event.turn_id, None)
-            return {"ok": False, "error": TURN_ENDED_ALREADY}
+        elif isinstance(event, MessageAdded):
+            if not await self.store.add_message(event.turn_id, event.message, event.number):
+                self.live.pop(event.turn_id, None)
+                return {"ok": False, "error": TURN_ENDED_ALREADY}
+            payload = shown_message(payload)
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None

@@ -470,3 +470,29 @@ async def test_a_model_that_never_stops_calling_tools_ends_the_turn_as_its_failu
     answered = [m.tool_call_id for m in turn.messages if m.role == "tool"]
     assert len(calls) == MAX_STEPS and answered == calls
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_tool_call_with_megabytes_of_arguments_does_not_put_the_page_behind(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """The call's message went to browsers whole (2.5 MB, past what a browser may have queued),
+    and every page open on the session was told to resync, losing its live events. Browsers get
+    it cut (the page shows neither its text nor its arguments); the store keeps it whole."""
+    content = "y" * 2_500_000
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[ScriptedToolCall("write_file", {"path": "big.txt", "content": content})],
+        ),
+        Reply(chunks=["Written."]),
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    turn_id = (await browser.submit("Write a big file"))["turnId"]
+
+    assert (await browser.completion(turn_id, timeout=20))[1:] == (True, "Written.")
+    assert [e for e, _ in browser.events if e == "resync"] == []
+    assert [p["state"] for p in browser.progress(turn_id, "tool")] == ["start", "end"]
+    [shown] = [p for p in browser.progress(turn_id, "message") if p["message"].get("toolCalls")]
+    assert len(shown["message"]["toolCalls"][0]["arguments"]) < 100_000
+    stored_call = (await stored(relay, turn_id)).messages[1].tool_calls
+    assert stored_call is not None and len(stored_call[0].arguments) > len(content)
