@@ -186,7 +186,7 @@ class TurnLifecycle(TurnEndings):
         turn = await self._abort_target(viewer, request)
         if isinstance(turn, str):
             return False, turn
-        if turn.status == "queued" and request.mode == "now":
+        if turn.status == "queued":  # no step of it runs yet: either mode cancels it
             ending = Ending("aborted", ABORTED, "aborted", ended_by=viewer.name)
             if await self.end_here(turn.turn_id, ending, from_statuses=("queued",)):
                 log.info("abort turn=%s before it started", turn.turn_id)

@@ -155,6 +155,22 @@ async def test_aborting_a_queued_order_ends_it_at_once_with_no_drone_or_a_busy_o
         assert browser.text(running["turnId"]) == SLOW.text  # it ran on, whole
 
 
+async def test_stop_after_this_step_on_a_queued_turn_cancels_it(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """It has no step yet: nothing of it runs, as for an abort (before, it was answered that
+    nothing runs, and the turn went on waiting, and ran)."""
+    ack = await browser.submit("Not now after all")
+    await place_of(browser, ack["turnId"])
+
+    gentle = await browser.call("abortWorkOrder", {"turnId": ack["turnId"], "mode": "after_step"})
+
+    assert gentle == (True, ABORT_SIGNALED)
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, "aborted")
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None and (turn.status, turn.reason) == ("aborted", "aborted")
+
+
 async def test_an_abort_racing_the_dispatch_is_never_lost(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
 ) -> None:
