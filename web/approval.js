@@ -84,7 +84,7 @@ function fields(args) {
   return h(
     "dl",
     { class: "approval-fields" },
-    entries.map(([key, value]) => [h("dt", {}, key), h("dd", {}, asText(value))]),
+    entries.map(([key, value]) => [h("dt", {}, key), h("dd", { dir: "auto" }, asText(value))]),
   );
 }
 

@@ -62,6 +62,14 @@ purify.addHook("afterSanitizeAttributes", (node) => {
 export function renderTokens(tokens, { settled }) {
   const html = markdown.parser(tokens);
   const fragment = purify.sanitize(html, { ALLOWED_TAGS, ALLOWED_ATTR, RETURN_DOM_FRAGMENT: true });
+  // Each block takes its direction from its own words (its first letter's): a Hebrew or Arabic
+  // paragraph, list, quote or table reads right to left, its "?" and bullets where they belong,
+  // in an English answer too. What is inside a block follows it: a list's items, a quote's
+  // paragraphs (a `dir` of their own would hide their words from the block's choice). Code reads
+  // left to right wherever it is, and is passed over when that choice is made (a Hebrew
+  // sentence that starts with `npm install` is still Hebrew).
+  for (const el of fragment.querySelectorAll("pre, code")) el.setAttribute("dir", "ltr");
+  for (const el of fragment.children) if (!el.hasAttribute("dir")) el.setAttribute("dir", "auto");
   for (const code of fragment.querySelectorAll("pre > code")) decorateCode(code, settled);
   // A link whose address was dropped as unsafe is the text it showed, not a link to nowhere.
   for (const link of fragment.querySelectorAll("a:not([href])")) link.replaceWith(...link.childNodes);
@@ -85,6 +93,7 @@ function decorateCode(code, settled) {
   }
   const block = document.createElement("div");
   block.className = "code-block";
+  block.dir = "ltr"; // its language and Copy button stay where they are, in a right-to-left list too
   block.dataset.lang = named || highlighted?.language || "";
   const copy = document.createElement("button");
   copy.type = "button";

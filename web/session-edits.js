@@ -22,6 +22,7 @@ export function createSessionEdits(list) {
     const input = h("input", {
       type: "text",
       class: "session-rename",
+      dir: "auto",
       maxlength: MAX_TITLE_CHARS,
       "aria-label": "Session title",
       enterkeyhint: "done",

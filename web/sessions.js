@@ -390,7 +390,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     else open.removeAttribute("aria-current");
     open.title = `${title}\nLast active ${fullTime(when)}`;
     open.replaceChildren(
-      h("span", { class: "session-title" }, title),
+      h("span", { class: "session-title", dir: "auto" }, title),
       h(
         "span",
         { class: "session-meta" },

@@ -33,7 +33,8 @@ export class ToolLine {
     this.argsEl = h("span", { class: "tool-args" });
     this.badgeEl = h("span", { class: "tool-badge" });
     this.resultSummary = h("summary", { class: "tool-result-preview" });
-    this.resultBody = h("pre", { class: "tool-result-body" });
+    // A tool's result is free text (a file read, a command's output): its direction is its own.
+    this.resultBody = h("pre", { class: "tool-result-body", dir: "auto" });
     this.resultEl = h("details", { class: "tool-result", hidden: true }, this.resultSummary, this.resultBody);
     this.el = h(
       "div",
@@ -61,7 +62,7 @@ export class ToolLine {
     }
     if (ev.result !== undefined && ev.result !== null) {
       this.result = String(ev.result);
-      this.resultSummary.textContent = preview(this.result, 100) || "(empty result)";
+      this.resultSummary.replaceChildren(h("span", { dir: "auto" }, preview(this.result, 100) || "(empty result)"));
       this.resultBody.textContent = this.result;
       this.resultEl.hidden = false;
     }

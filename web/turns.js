@@ -49,7 +49,7 @@ export class TurnCard {
 
     this.timeEl = h("time", { class: "turn-time" });
     this.droneEl = h("span", { class: "turn-drone" });
-    this.promptEl = h("div", { class: "turn-prompt" }, view.prompt ?? "");
+    this.promptEl = h("div", { class: "turn-prompt", dir: "auto" }, view.prompt ?? "");
     this.outputEl = h("div", { class: "turn-output" });
     this.footEl = h("div", { class: "turn-foot" });
     this.el = h(
