@@ -50,7 +50,11 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
   }
 
   function pin() {
-    if (following) section.scrollTop = section.scrollHeight;
+    if (!following) return;
+    section.scrollTop = section.scrollHeight;
+    // Its scroll event comes in a later frame: by then a key or a finger may have stopped the
+    // following, which that event, the page's own move, must not start again.
+    lastTop = section.scrollTop;
   }
 
   /** Follow the conversation from now on (a new prompt, a session opened, "Jump to latest"). */
@@ -67,15 +71,47 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
   section.addEventListener("scroll", () => {
     const top = section.scrollTop;
     if (top < lastTop - 1 && !nearBottom(section, 2)) setFollowing(false);
-    else if (nearBottom(section, 24)) setFollowing(true);
+    // Scrolled down to near the bottom follows again; not on the way up (a smooth scroll's first
+    // frame may move a pixel or less), nor on the page's own pin (see `pin`).
+    else if (top > lastTop && nearBottom(section, 24)) setFollowing(true);
     lastTop = top;
   });
-  // A wheel turned up says so before its smooth scroll moves anything (and before a frame could
-  // pin the view to the bottom again).
+  // A wheel turned up, a key that scrolls up, a finger dragging the text down: each says so
+  // before its scroll moves anything (and before a frame could pin the view to the bottom again,
+  // cutting a smooth scroll short: Home would stop halfway, PageUp move a line or two).
   section.addEventListener(
     "wheel",
     (e) => {
       if (e.deltaY < 0 && section.scrollTop > 0) setFollowing(false);
+    },
+    { passive: true },
+  );
+  /** Whether a scroll up from `el` moves the conversation, not a box in it scrolled down (a long
+   * tool result): the nearest that can scroll up takes it. */
+  const movesConversation = (el) => {
+    for (let node = el; node && node !== section; node = node.parentElement) {
+      if (node.scrollTop > 0) return false;
+    }
+    return section.scrollTop > 0;
+  };
+  section.addEventListener("keydown", (e) => {
+    if (scrollsUp(e) && movesConversation(e.target)) setFollowing(false);
+  });
+  let touchY = null;
+  section.addEventListener(
+    "touchstart",
+    (e) => {
+      touchY = e.touches.length === 1 ? e.touches[0].clientY : null;
+    },
+    { passive: true },
+  );
+  section.addEventListener(
+    "touchmove",
+    (e) => {
+      if (touchY === null || e.touches.length !== 1) return;
+      const y = e.touches[0].clientY;
+      if (y > touchY && movesConversation(e.target)) setFollowing(false);
+      touchY = y;
     },
     { passive: true },
   );
@@ -393,6 +429,30 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     progress,
     complete,
   };
+}
+
+/** Where keys are the field's or the control's own (typing, moving a caret, pressing a button). */
+const OWN_KEYS = "input, textarea, select, [contenteditable]:not([contenteditable='false'])";
+const OWN_SPACE = `${OWN_KEYS}, button, summary, [role='button'], [role='checkbox']`;
+
+/** Whether a key pressed in the conversation scrolls it up (Home, Ctrl+Home, PageUp, ArrowUp,
+ * Shift+Space), rather than typing in a field or pressing a control. */
+function scrollsUp(e) {
+  const { key, altKey: alt, ctrlKey: ctrl, metaKey: meta, shiftKey: shift } = e;
+  if (e.defaultPrevented || alt || !(e.target instanceof Element)) return false;
+  if (e.target.closest(OWN_KEYS)) return false;
+  switch (key) {
+    case "Home":
+      return !meta;
+    case "PageUp":
+      return !ctrl && !meta; // Ctrl+PageUp goes to another tab
+    case "ArrowUp":
+      return !ctrl; // Cmd+ArrowUp, a Mac's way to the top, scrolls too
+    case " ":
+      return shift && !ctrl && !meta && !e.target.closest(OWN_SPACE);
+    default:
+      return false;
+  }
 }
 
 /** What the live region says when a turn shown ends (never the streamed words themselves). */

@@ -1,7 +1,8 @@
-"""Scrolling a streaming answer with the keyboard, in real Chromium: a key that scrolls the
-conversation up (Home, Ctrl+Home, PageUp, Shift+Space, ArrowUp) stops following the stream at
-once, as the mouse wheel does, so the key's whole scroll applies and the view is not pinned to
-the bottom again halfway; keys typed in the prompt leave the following alone."""
+"""Scrolling a streaming answer up with the keyboard or a finger, in real Chromium: a key that
+scrolls the conversation up (Home, Ctrl+Home, PageUp, Shift+Space, ArrowUp) stops following the
+stream at once, as the mouse wheel does, so the key's whole scroll applies and the view is not
+pinned to the bottom again halfway; keys typed in the prompt leave the following alone; and a
+finger dragging the text down, however slowly, is not pinned back either."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from playwright.async_api import Locator, Page, expect
 
 from bench.peers import OpenAIPeer, Reply
+from tests.browser.conftest import log_in
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
 from tests.conftest import RelayHandle, Upstream
 
@@ -31,9 +33,8 @@ async def watch_keys(page: Page) -> None:
     await page.evaluate(
         f"""() => {{
             window.__keyTops = [];
-            window.addEventListener(
-                "keydown", () => window.__keyTops.push({CONVERSATION}.scrollTop), {{ capture: true }},
-            );
+            const record = () => window.__keyTops.push({CONVERSATION}.scrollTop);
+            window.addEventListener("keydown", record, {{ capture: true }});
         }}"""
     )
 
@@ -65,6 +66,22 @@ async def following_at_bottom(page: Page) -> None:
     await expect(page.locator("#jump-latest")).to_be_hidden()
 
 
+async def settled(page: Page) -> None:
+    """Wait (bounded) until the conversation's scroll has come to rest: the same for 10 frames."""
+    await page.wait_for_function(
+        f"""() => {{
+            const top = {CONVERSATION}.scrollTop;
+            const seen = (window.__rest ??= {{ top, frames: 0 }});
+            seen.frames = seen.top === top ? seen.frames + 1 : 0;
+            seen.top = top;
+            if (seen.frames < 10) return false;
+            delete window.__rest;
+            return true;
+        }}""",
+        timeout=SCROLL_MS,
+    )
+
+
 async def grows(page: Page, px: int = 400) -> None:
     """Wait (bounded) until the turns have grown by `px` more: more text streamed and drawn."""
     await page.wait_for_function(
@@ -80,7 +97,9 @@ async def grows(page: Page, px: int = 400) -> None:
     )
 
 
-async def streaming(page: Page, start_drone: Callable[..., Any], openai_peer: OpenAIPeer) -> Locator:
+async def streaming(
+    page: Page, start_drone: Callable[..., Any], openai_peer: OpenAIPeer
+) -> Locator:
     openai_peer.script(LONG)
     await start_drone(Upstream("openai", openai_peer))
     turn = await submit(page, "A long answer, please")
@@ -131,9 +150,21 @@ async def test_home_in_the_conversation_reaches_the_top_at_once_while_an_answer_
     await stop(page, turn)
 
 
+async def press(page: Page, key: str) -> float:
+    """Press `key` in the conversation; how far (px) it scrolled up, once its scroll is over."""
+    await page.locator("#conversation").focus()
+    await page.keyboard.press(key)
+    await page.wait_for_function(
+        f"() => {CONVERSATION}.scrollTop < window.__keyTops.at(-1)", timeout=SCROLL_MS
+    )
+    await settled(page)
+    now = await metrics(page)
+    return now["keyTop"] - now["top"]
+
+
 @pytest.mark.parametrize(
-    ("key", "most"),
-    [("PageUp", 0.6), ("Shift+Space", 0.6), ("ArrowUp", None)],
+    ("key", "least"),
+    [("PageUp", 0.6), ("Shift+Space", 0.6), ("ArrowUp", 0.05)],
     ids=["page-up", "shift-space", "arrow-up"],
 )
 async def test_a_key_scrolls_up_its_whole_step_on_a_phone_while_an_answer_streams(
@@ -142,31 +173,80 @@ async def test_a_key_scrolls_up_its_whole_step_on_a_phone_while_an_answer_stream
     openai_peer: OpenAIPeer,
     start_drone: Callable[..., Any],
     key: str,
-    most: float | None,
+    least: float,
 ) -> None:
-    """PageUp and Shift+Space move up by most of a screen, ArrowUp by a line (Chromium's 40
-    px); the view stays there while more text streams in below it."""
+    """PageUp and Shift+Space move up by most of a screen, ArrowUp by a line: pressed while the
+    view follows the stream, by as much as the same key pressed again once it no longer does;
+    and the view stays there while more text streams in below it. A few times over, each from
+    the bottom again ("Jump to latest"): a key can come at any moment of a frame."""
     await page.set_viewport_size({"width": 375, "height": 667})
     await open_hangar(page, relay)
     turn = await streaming(page, start_drone, openai_peer)
+    jump = page.locator("#jump-latest")
 
-    await page.locator("#conversation").focus()
-    await page.keyboard.press(key)
+    for _ in range(3):
+        first = await press(page, key)
 
-    client = (await metrics(page))["client"]
-    step = most * client if most else 30
-    await page.wait_for_function(
-        f"""([step]) => {{
-            const start = window.__keyTops.at(-1);
-            return start - {CONVERSATION}.scrollTop >= step;
-        }}""",
-        arg=[step],
-        timeout=SCROLL_MS,
-    )
-    await expect(page.locator("#jump-latest")).to_be_visible(timeout=WAIT_MS)
-    held = await metrics(page)
-    await grows(page)
-    now = await metrics(page)
-    assert now["top"] == held["top"], f"the view moved as the answer grew: {held} -> {now}"
-    assert now["keyTop"] - now["top"] >= step, now
+        await expect(jump).to_be_visible(timeout=WAIT_MS)
+        held = await metrics(page)
+        await grows(page)
+        now = await metrics(page)
+        assert now["top"] == held["top"], f"the view moved as the answer grew: {held} -> {now}"
+        again = await press(page, key)  # not following any more: the key's whole step
+        assert again >= least * now["client"], (again, now)
+        assert first >= again - 1, f"{key} moved {first} px while following, {again} px after"
+        await jump.click()
+        await following_at_bottom(page)
     await stop(page, turn)
+
+
+async def test_a_slow_finger_dragging_the_text_down_stops_following_on_a_phone(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    """A finger moving a pixel or two a frame: each move scrolls less than a new line adds, and
+    the view must not be pinned to the bottom again between them."""
+    assert page.context.browser is not None
+    context = await page.context.browser.new_context(
+        viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True
+    )
+    try:
+        phone = await context.new_page()
+        await log_in(phone, relay, "tester")
+        await phone.goto(relay.url + "/")
+        await expect(phone.locator("#connection")).to_have_attribute(
+            "data-state", "connected", timeout=WAIT_MS
+        )
+        turn = await streaming(phone, start_drone, openai_peer)
+        # Where the view was as the finger's first move came (the moves within the touch slop,
+        # before it, are not the page's to see).
+        await phone.evaluate(
+            f"""() => window.addEventListener(
+                "touchmove", () => window.__keyTops.push({CONVERSATION}.scrollTop),
+                {{ capture: true, once: true, passive: true }},
+            )"""
+        )
+        box = await phone.locator("#conversation").bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + 40
+        cdp = await context.new_cdp_session(phone)
+
+        async def finger(kind: str, *at: float) -> None:
+            points = [{"x": x, "y": at[0], "id": 1}] if at else []
+            await cdp.send("Input.dispatchTouchEvent", {"type": kind, "touchPoints": points})
+
+        await finger("touchStart", y)
+        for step in range(1, 41):
+            await phone.evaluate("() => new Promise(requestAnimationFrame)")  # a move a frame
+            await finger("touchMove", y + 2 * step)
+        await finger("touchEnd")
+
+        await expect(phone.locator("#jump-latest")).to_be_visible(timeout=SCROLL_MS)
+        await settled(phone)
+        held = await metrics(phone)
+        assert held["keyTop"] - held["top"] >= 20, f"the drag moved the view too little: {held}"
+        await grows(phone)
+        now = await metrics(phone)
+        assert now["top"] == held["top"], f"the view moved as the answer grew: {held} -> {now}"
+        await stop(phone, turn)
+    finally:
+        await context.close()
