@@ -333,13 +333,7 @@ async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
 async def test_the_abort_watchdog_ends_a_turn_whose_drone_never_completes(
     relay_processes: Start, open_browser: Start, store: PostgresTurnStore
 ) -> None:
-    a, b = await relay_processes(abort_grace=1.0), await relay_processes(abort_grace=1.0)
-    stubborn = StubbornDrone()
-    await stubborn.connect(b.url)
-    browser: Browser = await open_browser(a.url)
-    await drones_seen_from(browser)
-    first = await browser.submit("Never ends")
-    await eventually(lambda: stubborn.orders, what="the work order at the drone")
+    stubborn, browser, first = await a_turn_on_a_stubborn_drone(relay_processes, open_browser)
 
     assert await browser.abort(first["turnId"]) == (True, ABORT_SIGNALED)
     assert await browser.completion(first["turnId"], timeout=10) == (
@@ -384,13 +378,8 @@ async def test_output_streamed_after_another_relay_ended_the_turn_is_not_left_in
 ) -> None:
     import redis.asyncio as aioredis
 
-    a, b = await relay_processes(abort_grace=1.0), await relay_processes(abort_grace=1.0)
-    stubborn = StubbornDrone()
-    await stubborn.connect(b.url)
-    browser: Browser = await open_browser(a.url)
-    await drones_seen_from(browser)
-    turn_id = (await browser.submit("Never ends"))["turnId"]
-    await eventually(lambda: stubborn.orders, what="the work order at the drone")
+    stubborn, browser, ack = await a_turn_on_a_stubborn_drone(relay_processes, open_browser)
+    turn_id = ack["turnId"]
     early = {"kind": "text", "turnId": turn_id, "text": "streaming "}
     assert await stubborn.call("workOrderProgress", early) == {"ok": True}
     assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
@@ -542,6 +531,21 @@ def browser_name(ending: dict[str, Any]) -> str:
     name = str(ending.get("endedBy", ""))
     assert name.startswith("person-"), ending
     return name
+
+
+async def a_turn_on_a_stubborn_drone(
+    relay_processes: Start, open_browser: Start
+) -> tuple[StubbornDrone, Browser, dict[str, Any]]:
+    """Relay A with a person's browser, relay B with a drone that never completes a turn (both
+    with a 1 s abort watchdog), and a turn of the person's the drone took."""
+    a, b = await relay_processes(abort_grace=1.0), await relay_processes(abort_grace=1.0)
+    stubborn = StubbornDrone()
+    await stubborn.connect(b.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    ack = await browser.submit("Never ends")
+    await eventually(lambda: stubborn.orders, what="the work order at the drone")
+    return stubborn, browser, ack
 
 
 class StubbornDrone:
