@@ -80,6 +80,38 @@ async def log_in(page: Any, relay: RelayHandle, person: str, role: Role = "membe
     await page.context.add_cookies([{"name": LOGIN_COOKIE, "value": token, "url": relay.url}])
 
 
+@contextlib.asynccontextmanager
+async def phone_page(
+    page: Any,
+    relay: RelayHandle,
+    path: str = "/",
+    size: tuple[int, int] = (375, 667),
+    **context: Any,
+) -> AsyncIterator[Any]:
+    """A phone's page (a touch screen of ``size``) beside ``page``, logged in as the tester and
+    opened at ``path``; ``context`` adds to the browser context (``color_scheme``, ...)."""
+    browser = page.context.browser
+    assert browser is not None
+    phone_context = await browser.new_context(
+        viewport={"width": size[0], "height": size[1]}, is_mobile=True, has_touch=True, **context
+    )
+    try:
+        phone = await phone_context.new_page()
+        await log_in(phone, relay, "tester")
+        await phone.goto(relay.url + path)
+        yield phone
+    finally:
+        await phone_context.close()
+
+
+async def assert_no_sideways_scroll(page: Any, width: int) -> None:
+    """Nothing on the page is wider than ``width`` (the screen): it never scrolls sideways."""
+    widths = await page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.body.scrollWidth]"
+    )
+    assert max(widths) <= width, f"horizontal overflow at {width} px: {widths}"
+
+
 def artifact(name: str) -> Path:
     """A path under ``test-artifacts/`` (created on demand)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from playwright.async_api import Locator, Page, expect
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import NO_ACTIVE_WORK_ORDER
-from tests.browser.conftest import artifact, log_in
+from tests.browser.conftest import artifact, assert_no_sideways_scroll, log_in
 from tests.conftest import RelayHandle, Upstream
 
 pytestmark = pytest.mark.browser
@@ -428,7 +428,4 @@ async def test_narrow_page_has_no_horizontal_overflow(
     await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
     await page.fill("#prompt", "z" * 500)
 
-    widths = await page.evaluate(
-        "() => [document.documentElement.scrollWidth, document.body.scrollWidth]"
-    )
-    assert max(widths) <= 360, f"horizontal overflow at 360 px: {widths}"
+    await assert_no_sideways_scroll(page, 360)

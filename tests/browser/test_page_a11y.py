@@ -11,7 +11,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from hangar.shared.protocol import TOOL_CANCELLED
-from tests.browser.conftest import artifact, log_in
+from tests.browser.conftest import artifact, phone_page
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
 from tests.browser.test_page_render import still
@@ -295,18 +295,9 @@ async def test_the_esc_hint_shows_with_a_keyboard_and_not_on_a_phone(
         await expect(page.locator("#cancel")).to_be_visible()
         await expect(page.locator("#esc-hint")).to_be_visible()
 
-        assert page.context.browser is not None
-        phone_context = await page.context.browser.new_context(
-            viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True
-        )
-        try:
-            phone = await phone_context.new_page()
-            await log_in(phone, relay, "tester")
-            session = await page.evaluate("() => window.hangar.currentSessionId()")
-            await phone.goto(f"{relay.url}/#s={session}")
+        session = await page.evaluate("() => window.hangar.currentSessionId()")
+        async with phone_page(page, relay, f"/#s={session}", (390, 844)) as phone:
             await expect(phone.locator("#cancel")).to_be_visible(timeout=WAIT_MS)
             await expect(phone.locator("#esc-hint")).to_be_hidden()
             await expect(phone.locator(".keyboard-only").first).to_be_hidden()
             await phone.screenshot(path=artifact("a11y-phone.png"))
-        finally:
-            await phone_context.close()

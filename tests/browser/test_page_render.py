@@ -15,7 +15,7 @@ from playwright.async_api import Page, expect
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.shared.protocol import TOOL_CANCELLED
-from tests.browser.conftest import artifact, log_in
+from tests.browser.conftest import artifact, assert_no_sideways_scroll, phone_page
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import (
     WAIT_MS,
@@ -543,28 +543,19 @@ async def test_the_page_fits_desktop_and_phone_in_both_themes(
         await drone.text(turn_id, "Writing the test now; it checks that")
         await expect(running.locator(".turn-output")).to_contain_text("it checks that")
 
-        assert page.context.browser is not None
         for scheme in SCHEMES:
-            context = await page.context.browser.new_context(
-                viewport={"width": 390, "height": 844},
-                is_mobile=True,
-                has_touch=True,
+            async with phone_page(
+                page,
+                relay,
+                f"/#s={session}",
+                (390, 844),
                 color_scheme=scheme,
                 device_scale_factor=2,
-            )
-            try:
-                phone = await context.new_page()
-                await log_in(phone, relay, "tester")
-                await phone.goto(f"{relay.url}/#s={session}")
+            ) as phone:
                 await expect(phone.locator("#cancel")).to_be_visible(timeout=WAIT_MS)
-                widths = await phone.evaluate(
-                    "() => [document.documentElement.scrollWidth, document.body.scrollWidth]"
-                )
-                assert max(widths) <= 390, f"horizontal overflow on a phone: {widths}"
+                await assert_no_sideways_scroll(phone, 390)
                 await still(phone)
                 await phone.screenshot(path=artifact(f"page-{scheme}-phone.png"))
-            finally:
-                await context.close()
         for scheme in SCHEMES:
             await page.emulate_media(color_scheme=scheme)
             await still(page)

@@ -7,12 +7,11 @@ to right, and so does the page's own chrome."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from playwright.async_api import Locator, Page, expect
 
-from tests.browser.conftest import artifact, log_in
+from tests.browser.conftest import artifact, assert_no_sideways_scroll, phone_page
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
 from tests.browser.test_page_render import SCHEMES, still
@@ -198,26 +197,14 @@ async def screenshots(page: Page, relay: RelayHandle, turn: Locator) -> None:
         await still(page)
         await page.screenshot(path=artifact(f"rtl-{scheme}-desktop.png"))
     session = await page.evaluate("() => window.hangar.currentSessionId()")
-    assert page.context.browser is not None
     for scheme in SCHEMES:
-        context = await page.context.browser.new_context(
-            viewport={"width": 375, "height": 667},
-            is_mobile=True,
-            has_touch=True,
-            color_scheme=scheme,
-            device_scale_factor=2,
-        )
-        try:
-            phone = await context.new_page()
-            await log_in(phone, relay, "tester")
-            await phone.goto(f"{relay.url}/#s={session}")
+        async with phone_page(
+            page, relay, f"/#s={session}", color_scheme=scheme, device_scale_factor=2
+        ) as phone:
             shown = phone.locator("#turns article.turn")
             await expect(shown.locator(".code-block")).to_have_count(1, timeout=WAIT_MS)
             assert await direction(phone.locator("#sessions-toggle-title")) == "rtl"
-            widths: list[Any] = await phone.evaluate(
-                "() => [document.documentElement.scrollWidth, document.body.scrollWidth]"
-            )
-            assert max(widths) <= 375, f"horizontal overflow on a phone: {widths}"
+            await assert_no_sideways_scroll(phone, 375)
             await shown.first.evaluate("(el) => el.scrollIntoView({ block: 'start' })")
             await still(phone)
             await phone.screenshot(path=artifact(f"rtl-{scheme}-phone.png"))
@@ -231,5 +218,3 @@ async def screenshots(page: Page, relay: RelayHandle, turn: Locator) -> None:
                 await expect(drawer).to_have_attribute("data-open", "true")
                 await still(phone)
                 await phone.screenshot(path=artifact("rtl-light-phone-sessions.png"))
-        finally:
-            await context.close()

@@ -13,7 +13,7 @@ import pytest
 from playwright.async_api import Locator, Page, expect
 
 from bench.peers import OpenAIPeer, Reply
-from tests.browser.conftest import log_in
+from tests.browser.conftest import phone_page
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
 from tests.conftest import RelayHandle, Upstream
 
@@ -205,14 +205,7 @@ async def test_a_slow_finger_dragging_the_text_down_stops_following_on_a_phone(
 ) -> None:
     """A finger moving a pixel or two a frame: each move scrolls less than a new line adds, and
     the view must not be pinned to the bottom again between them."""
-    assert page.context.browser is not None
-    context = await page.context.browser.new_context(
-        viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True
-    )
-    try:
-        phone = await context.new_page()
-        await log_in(phone, relay, "tester")
-        await phone.goto(relay.url + "/")
+    async with phone_page(page, relay) as phone:
         await expect(phone.locator("#connection")).to_have_attribute(
             "data-state", "connected", timeout=WAIT_MS
         )
@@ -228,7 +221,7 @@ async def test_a_slow_finger_dragging_the_text_down_stops_following_on_a_phone(
         box = await phone.locator("#conversation").bounding_box()
         assert box is not None
         x, y = box["x"] + box["width"] / 2, box["y"] + 40
-        cdp = await context.new_cdp_session(phone)
+        cdp = await phone.context.new_cdp_session(phone)
 
         async def finger(kind: str, *at: float) -> None:
             points = [{"x": x, "y": at[0], "id": 1}] if at else []
@@ -248,5 +241,3 @@ async def test_a_slow_finger_dragging_the_text_down_stops_following_on_a_phone(
         now = await metrics(phone)
         assert now["top"] == held["top"], f"the view moved as the answer grew: {held} -> {now}"
         await stop(phone, turn)
-    finally:
-        await context.close()
