@@ -34,6 +34,7 @@ from hangar.shared.protocol import (
     ChatMessage,
     ToolCall,
     Usage,
+    cut,
     whole_text,
 )
 
@@ -47,7 +48,6 @@ from .providers import (
     ToolSpec,
     UsageReport,
 )
-from .report import cut
 
 log = logging.getLogger("hangar.agent")
 

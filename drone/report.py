@@ -14,6 +14,7 @@ from hangar.shared.protocol import (
     TextDelta,
     ToolActivity,
     ToolCall,
+    cut,
 )
 
 TEXT_BATCH = 0.025
@@ -176,10 +177,3 @@ def _shown(arguments: str) -> str:
 
 def _cut(value: object) -> object:
     return cut(value, SHOWN_VALUE_CHARS) if isinstance(value, str) else value
-
-
-def cut(text: str, limit: int, between: str = "") -> str:
-    """``text``'s first ``limit`` characters and how many more there were, or all of it."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}{between}[… {len(text) - limit} more characters not shown]"

@@ -30,6 +30,7 @@ from hangar.shared.protocol import (
     TextDelta,
     ToolActivity,
     TurnStatus,
+    cut,
 )
 
 from . import sub_agents
@@ -57,18 +58,13 @@ and the store keeps them whole."""
 def shown_message(payload: dict[str, Any]) -> dict[str, Any]:
     """A ``message`` progress event as browsers get it: long strings cut, saying so."""
     message = dict(payload["message"])
-    message["content"] = _cut(message.get("content", ""))
+    message["content"] = cut(message.get("content", ""), SHOWN_MESSAGE_CHARS)
     if message.get("toolCalls"):
         message["toolCalls"] = [
-            {**call, "arguments": _cut(call["arguments"])} for call in message["toolCalls"]
+            {**call, "arguments": cut(call["arguments"], SHOWN_MESSAGE_CHARS)}
+            for call in message["toolCalls"]
         ]
     return {**payload, "message": message}
-
-
-def _cut(text: str) -> str:
-    if len(text) <= SHOWN_MESSAGE_CHARS:
-        return text
-    return f"{text[:SHOWN_MESSAGE_CHARS]}… ({len(text) - SHOWN_MESSAGE_CHARS} characters left out)"
 
 
 class DroneReports:

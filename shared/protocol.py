@@ -28,6 +28,7 @@ from .wire import (
     TurnStatus,
     Usage,
     Wire,
+    cut,
     status_of,
     whole_text,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "TurnStatus",
     "Usage",
     "Wire",
+    "cut",
     "status_of",
     "whole_text",
 ]

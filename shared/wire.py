@@ -74,6 +74,13 @@ def whole_text(text: str) -> str:
     return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
 
 
+def cut(text: str, limit: int, between: str = "") -> str:
+    """``text``'s first ``limit`` characters and how many more there were, or all of it."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}{between}[… {len(text) - limit} more characters not shown]"
+
+
 class ToolCall(Wire):
     id: Id
     name: str = Field(min_length=1, max_length=128)
