@@ -55,6 +55,7 @@ WORKER_PING = 1.0
 """Seconds between the drone's asking each worker whether its loop runs."""
 WORKER_SILENT = 15.0
 """Seconds a worker may leave that unanswered (frozen, stopped) before it is replaced."""
+PING = frame(["ping"])
 
 
 class WorkerStartError(Exception):
@@ -303,7 +304,7 @@ class WorkerPool:
                     continue  # starting (``START_WITHIN``), or being replaced
                 silent = loop.time() - worker.answered
                 if silent < WORKER_SILENT:
-                    worker.send(frame(["ping"]))
+                    worker.send(PING)
                     continue
                 log.warning("%s has not answered for %.0f s: it is replaced", worker.name, silent)
                 worker.ready.clear()

@@ -323,7 +323,7 @@ class RedisLiveState:
             log.warning("sub-agent output of turn=%s written back to Redis", turn_id)
             return len(kept.subs)
         if int(length) > len(kept.subs):  # another relay kept some before (a failover)
-            kept.subs = [json.dumps(e) for e in await self.sub_agent_events(turn_id)]
+            kept.subs = [_text(event) for event in await self.redis.lrange(key, 0, -1)]
         return int(length)
 
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:

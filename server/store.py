@@ -138,6 +138,11 @@ TURN_COLUMNS = (
     " wanted_drone, started_at, request_id"
 )
 INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * 13)})"
+INSERT_QUEUED_TURN = (
+    f"INSERT INTO turns ({TURN_COLUMNS}) SELECT {', '.join('?' * 13)}"
+    " WHERE (SELECT count(*) FROM turns WHERE owner = ? AND status = 'queued') < ?"
+)
+"""``INSERT_TURN`` while the owner has fewer turns queued than the last value says."""
 
 
 def insert_turn(turn: TurnRecord, queue_limit: int | None) -> tuple[str, tuple[Any, ...]]:
@@ -145,9 +150,7 @@ def insert_turn(turn: TurnRecord, queue_limit: int | None) -> tuple[str, tuple[A
     its owner has fewer turns queued (it then changes no row)."""
     if queue_limit is None:
         return INSERT_TURN, turn_values(turn)
-    sql = INSERT_TURN.replace("VALUES (", "SELECT ").removesuffix(")")
-    within = " WHERE (SELECT count(*) FROM turns WHERE owner = ? AND status = 'queued') < ?"
-    return sql + within, (*turn_values(turn), turn.owner, queue_limit)
+    return INSERT_QUEUED_TURN, (*turn_values(turn), turn.owner, queue_limit)
 
 
 def turn_values(turn: TurnRecord) -> tuple[Any, ...]:
