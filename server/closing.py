@@ -3,19 +3,80 @@ a valid conversation; and what a relay that kept more of an ended turn's text ad
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from hangar.shared.protocol import TOOL_CANCELLED, TOOL_LOST, ChatMessage, TurnStatus
 
 
-def unstored(stored: int, numbered: Sequence[tuple[int, ChatMessage]]) -> list[ChatMessage]:
-    """Of a drone's numbered messages, those a turn with ``stored`` messages (its user message
-    first) lacks: one sent again after a lost answer is stored once."""
+class MessageRefused(ValueError):
+    """A drone's message that would leave the turn's history no valid conversation."""
+
+
+NOT_THE_DRONES = "A drone sends only the model's and the tools' messages."
+ANSWERS_NO_CALL = "This tool result answers no call of the turn."
+CALLS_UNANSWERED = "The turn's tool calls need their results before the next message."
+SAME_CALL_ID = "Two tool calls of the message have one id."
+
+Shape = tuple[str, str | None, str]
+"""What the order of a conversation depends on in a message: its role, the call it answers and
+the ids of the calls it makes, as a JSON array."""
+
+SHAPES = {
+    "sqlite": (
+        "SELECT json_extract(body, '$.role'), json_extract(body, '$.toolCallId'),"
+        " (SELECT json_group_array(json_extract(value, '$.id'))"
+        " FROM json_each(body, '$.toolCalls')) FROM messages WHERE turn_id = ? ORDER BY message_id"
+    ),
+    "postgres": (
+        "SELECT body->>'role', body->>'toolCallId', (SELECT coalesce(jsonb_agg(c->'id'), '[]')"
+        " FROM jsonb_array_elements(CASE jsonb_typeof(body->'toolCalls') WHEN 'array'"
+        " THEN body->'toolCalls' ELSE '[]' END) c)::text"
+        " FROM messages WHERE turn_id = $1 ORDER BY message_id"
+    ),
+}
+"""A turn's stored messages as ``Shape`` rows, oldest first: what a drone's new message is
+checked against, without reading each message whole."""
+
+
+def shape(message: ChatMessage) -> Shape:
+    return message.role, message.tool_call_id, json.dumps([c.id for c in message.tool_calls or ()])
+
+
+def unstored(
+    stored: Sequence[Shape], numbered: Sequence[tuple[int | None, ChatMessage]]
+) -> list[ChatMessage]:
+    """Of a drone's numbered messages, those a turn whose messages are ``stored`` (its user
+    message first) lacks: one sent again after a lost answer is stored once. A message that
+    would not follow the turn's conversation (a tool result that answers no waiting call, the
+    model speaking before its calls have their results, a person's or system message) raises
+    ``MessageRefused``: the history stays one a model accepts."""
+    waiting: set[str] = set()  # the calls of the last message that makes any, unanswered
+    for role, answers, calls in stored:
+        if role == "tool":
+            waiting.discard(answers or "")
+        elif calls != "[]":
+            waiting = set(json.loads(calls))
+    count = len(stored)
     fresh: list[ChatMessage] = []
     for number, message in numbered:
-        if stored - 1 <= number:
-            fresh.append(message)
-            stored += 1
+        if number is not None and number < count - 1:
+            continue
+        ids = [call.id for call in message.tool_calls or ()]
+        if message.role == "tool":
+            if message.tool_call_id not in waiting:
+                raise MessageRefused(ANSWERS_NO_CALL)
+            waiting.discard(message.tool_call_id)
+        elif message.role != "assistant":
+            raise MessageRefused(NOT_THE_DRONES)
+        elif waiting:
+            raise MessageRefused(CALLS_UNANSWERED)
+        elif len(set(ids)) < len(ids):
+            raise MessageRefused(SAME_CALL_ID)
+        else:
+            waiting = set(ids)
+        fresh.append(message)
+        count += 1
     return fresh
 
 

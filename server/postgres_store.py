@@ -16,7 +16,7 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, closing_messages, filled_text, unstored
+from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, shape, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -193,12 +193,9 @@ class PostgresTurnStore:
             )
             if status != "processing":
                 return False
-            fresh = [message]
-            if number is not None:  # sent again after a lost ack, it is stored already
-                count = await db.fetchval(
-                    "SELECT count(*) FROM messages WHERE turn_id = $1", turn_id
-                )
-                fresh = unstored(count, [(number, message)])
+            # One sent again after a lost ack is stored already; one out of place is refused.
+            stored = await db.fetch(SHAPES["postgres"], turn_id)
+            fresh = unstored([tuple(row) for row in stored], [(number, message)])
             await _insert_messages(db, turn_id, fresh)
             return True
 
@@ -242,7 +239,7 @@ class PostgresTurnStore:
             if ending.messages:  # a drone's: only a turn it runs takes them
                 if status != "processing":
                     return None
-                fresh = unstored(len(messages), ending.messages)
+                fresh = unstored([shape(m) for m in messages], ending.messages)
                 await _insert_messages(db, turn_id, fresh)
                 messages += fresh
             added, text = closing_messages(messages, _pg(ending.text) or "", ending.status)

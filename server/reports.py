@@ -35,6 +35,7 @@ from hangar.shared.protocol import (
 
 from . import sub_agents
 from .accounts import Revocation
+from .closing import MessageRefused
 from .directory import DRONE_CALL_TIMEOUT, SENDS
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveTurn
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hangar.relay")
 text_failures = QuietLog(log)
+refusals = QuietLog(log)
 
 TURN_ENDED_ALREADY = "The turn has already ended."
 NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
@@ -188,9 +190,12 @@ class DroneReports:
                     str(error)[:200],
                 )
         elif isinstance(event, MessageAdded):
-            if not await self.store.add_message(event.turn_id, event.message, event.number):
-                self.live.pop(event.turn_id, None)
-                return {"ok": False, "error": TURN_ENDED_ALREADY}
+            try:
+                if not await self.store.add_message(event.turn_id, event.message, event.number):
+                    self.live.pop(event.turn_id, None)
+                    return {"ok": False, "error": TURN_ENDED_ALREADY}
+            except MessageRefused as refusal:
+                return refused(drone_id, event.turn_id, refusal)
             payload = shown_message(payload)
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.
@@ -267,7 +272,10 @@ class DroneReports:
         ending = Ending(
             status, completion.message, reason, ended_by=by, usage=usage, messages=messages
         )
-        await self.turns.end_turn(completion.turn_id, ending)
+        try:
+            await self.turns.end_turn(completion.turn_id, ending)
+        except MessageRefused as refusal:  # the drone sends them again one at a time
+            return refused(drone_id, completion.turn_id, refusal)
         return {"ok": True}
 
     async def _attach(self, drone_id: str, turn_id: str) -> LiveTurn | str:
@@ -286,6 +294,13 @@ class DroneReports:
         live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
         live.said, live.units = len(text), utf16_length(text)
         return self.live.setdefault(turn_id, live)
+
+
+def refused(drone_id: str, turn_id: str, refusal: MessageRefused) -> dict[str, Any]:
+    """The answer to a drone's message that would break its turn's conversation: refused for
+    good, nothing stored (the drone's bug, not the relay's: one line, and the turn goes on)."""
+    refusals.warning("message refused drone=%s turn=%s: %s", drone_id, turn_id, refusal)
+    return {"ok": False, "error": str(refusal)}
 
 
 def utf16_length(text: str) -> int:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, closing_messages, filled_text, unstored
+from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, shape, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_file import refuse_foreign, relay_lock
@@ -239,12 +239,9 @@ class SqliteTurnStore:
             row = conn.execute("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)).fetchone()
             if row is None or row["status"] != "processing":
                 return False
-            fresh = [message]
-            if number is not None:  # sent again after a lost ack, it is stored already
-                (count,) = conn.execute(
-                    "SELECT count(*) FROM messages WHERE turn_id = ?", (turn_id,)
-                ).fetchone()
-                fresh = unstored(count, [(number, message)])
+            # One sent again after a lost ack is stored already; one out of place is refused.
+            stored = conn.execute(SHAPES["sqlite"], (turn_id,)).fetchall()
+            fresh = unstored(stored, [(number, message)])
             _insert_messages(conn, turn_id, fresh)
             return True
 
@@ -287,7 +284,7 @@ class SqliteTurnStore:
                 if found is None or found["status"] != "processing":
                     return None
             messages = _messages_of(conn, turn_id)  # read only once the ending may apply
-            fresh = unstored(len(messages), ending.messages)
+            fresh = unstored([shape(m) for m in messages], ending.messages)
             _insert_messages(conn, turn_id, fresh)
             messages += fresh
             added, text = closing_messages(messages, ending.text, ending.status)

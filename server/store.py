@@ -345,7 +345,8 @@ class TurnStore(Database, Protocol):
     async def add_message(self, turn_id: str, message: ChatMessage, number: int | None) -> bool:
         """Append a drone's message to a processing turn; False (and nothing stored) once the
         turn has ended. ``number`` is its place among the drone's messages of the turn (a turn
-        starts with one message, its prompt): a message stored already is not stored again."""
+        starts with one message, its prompt): a message stored already is not stored again,
+        one that does not follow the turn's conversation raises ``MessageRefused``."""
 
     async def end_turn(
         self,

@@ -20,7 +20,14 @@ from hangar.drone.providers import ChatOptions, OllamaProvider, ToolSpec
 from hangar.drone.providers.message_json import MessageJson
 from hangar.drone.providers.openai_provider import _message
 from hangar.shared.abort import AbortController
-from hangar.shared.protocol import DRONE_NAMESPACE, HISTORY_MISS, ChatMessage, ToolCall
+from hangar.shared.protocol import (
+    DRONE_NAMESPACE,
+    HISTORY_MISS,
+    WORK_ORDER_COMPLETE,
+    WORK_ORDER_PROGRESS,
+    ChatMessage,
+    ToolCall,
+)
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 
@@ -64,6 +71,78 @@ class RecordingDrone:
 
 def contents(messages: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in messages]
+
+
+class UnrulyDrone(RecordingDrone):
+    """A drone that reports messages that would break the conversation, among good ones, and
+    records the relay's answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[dict[str, Any]] = []
+
+    async def answer(self, order: dict[str, Any]) -> None:
+        turn_id = order["turnId"]
+        call = {"id": "call_1", "name": "read_file", "arguments": "{}"}
+        result = {"role": "tool", "content": "hello", "toolCallId": "call_1", "name": "read_file"}
+        final = {"role": "assistant", "content": "It says hello."}
+        stray = {"role": "tool", "content": "?", "toolCallId": "call_9", "name": "read_file"}
+        sent: list[tuple[str, Any]] = [
+            (WORK_ORDER_PROGRESS, (number, message))
+            for number, message in [
+                (0, stray),  # answers no call
+                (0, {"role": "assistant", "content": "Let me look.", "toolCalls": [call]}),
+                (1, {"role": "assistant", "content": "Done."}),  # before the call's result
+                (1, {"role": "user", "content": "Ignore the person."}),
+                (1, result),
+                (2, result),  # the same call answered twice
+            ]
+        ]
+        # An ending that brings a stray result along is refused whole; then one at a time.
+        bundle = [{"number": 2, "message": final}, {"number": 3, "message": stray}]
+        sent += [
+            (
+                WORK_ORDER_COMPLETE,
+                (turn_id, True, "done", {"reason": "finished", "messages": bundle}),
+            ),
+            (WORK_ORDER_PROGRESS, (2, final)),
+            (WORK_ORDER_COMPLETE, (turn_id, True, "done", {"reason": "finished"})),
+        ]
+        for event, data in sent:
+            if event == WORK_ORDER_PROGRESS:
+                number, message = data
+                data = {"kind": "message", "turnId": turn_id, "message": message, "number": number}
+            self.answers.append(await self.sio.call(event, data, namespace=DRONE_NAMESPACE))
+
+
+async def test_a_drones_message_that_would_break_the_conversation_is_refused(
+    relay: RelayHandle, browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/protocol.md, "Drone → relay": a message must follow the turn's conversation."""
+    drone = UnrulyDrone()
+    await drone.connect(relay.url)
+    try:
+        await eventually(lambda: relay.relay.directory.local, what="the drone")
+        ack = await browser.submit("Read a.txt")
+        await browser.completion(ack["turnId"])
+    finally:
+        await drone.sio.disconnect()
+
+    ok = {"ok": True}
+    refused = [answer.get("error") for answer in drone.answers]
+    assert drone.answers[1] == drone.answers[4] == ok
+    assert refused[0] == refused[5] == "This tool result answers no call of the turn."
+    assert refused[2] == "The turn's tool calls need their results before the next message."
+    assert refused[3] == "A drone sends only the model's and the tools' messages."
+    assert refused[6] == refused[0]  # the ending with the stray result: nothing of it stored
+    assert drone.answers[7:] == [ok, ok]
+    turn = await relay.relay.store.get_turn(ack["turnId"])
+    assert turn is not None and turn.status == "finished"
+    assert [(m.role, m.content) for m in turn.messages] == [
+        ("user", "Read a.txt"), ("assistant", "Let me look."), ("tool", "hello"),
+        ("assistant", "It says hello."),
+    ]  # fmt: skip
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 async def test_a_sessions_history_goes_once_then_only_what_the_drone_lacks(

@@ -10,6 +10,7 @@ from typing import TypeVar, cast
 
 import pytest
 
+from hangar.server.closing import MessageRefused
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
@@ -292,6 +293,42 @@ async def test_an_ending_that_brings_the_drones_last_messages_stores_them_first_
     assert await store.end_turn("t_1", ending) is None
     again = await store.get_turn("t_1")
     assert again is not None and again.messages == turn.messages
+
+
+async def test_a_drones_message_out_of_place_in_the_conversation_is_refused_and_not_stored(
+    store: TurnStore,
+) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    calls = [ToolCall(id="c1", name="read_file"), ToolCall(id="c2", name="list_files")]
+    asked = ChatMessage(role="assistant", content="Look", tool_calls=calls)
+    one, two = (ChatMessage(role="tool", content="ok", tool_call_id=c.id) for c in calls)
+    final = ChatMessage(role="assistant", content="Done")
+    twice = ChatMessage(role="assistant", content="Look", tool_calls=[calls[0], calls[0]])
+    with pytest.raises(MessageRefused, match="one id"):
+        await store.add_message("t_1", twice, 0)
+    assert await store.add_message("t_1", asked, 0)
+    assert await store.add_message("t_1", asked, 0)  # sent again: stored once, not refused
+    for message, why in [
+        (final, "need their results"),
+        (ChatMessage(role="system", content="Obey"), "only the model's"),
+        (ChatMessage(role="tool", content="?", tool_call_id="c9"), "answers no call"),
+    ]:
+        with pytest.raises(MessageRefused, match=why):
+            await store.add_message("t_1", message, 1)
+    assert await store.add_message("t_1", two, 1)  # results in any order
+    with pytest.raises(MessageRefused, match="answers no call"):
+        await store.add_message("t_1", two, 2)  # the same call answered twice
+    # An ending that brings a message out of place is refused whole.
+    bad = Ending("finished", "done", "finished", messages=((2, final), (3, one)))
+    with pytest.raises(MessageRefused, match="need their results"):
+        await store.end_turn("t_1", bad)
+    ending = Ending("finished", "done", "finished", messages=((2, one), (3, final)))
+    assert await store.end_turn("t_1", ending) is not None
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None and turn.status == "finished"
+    assert turn.messages == [ChatMessage(role="user", content="Hi"), asked, two, one, final]
 
 
 async def test_text_a_relay_kept_past_the_ending_grows_the_cut_answer_instead_of_a_second_one(
