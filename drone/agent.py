@@ -55,7 +55,8 @@ MAX_STEPS = 25
 MAX_TOOL_RESULT_CHARS = 200_000
 """The most of a tool's result the model (and the person) is given; the rest is counted."""
 STALL = 120.0
-"""Seconds a model stream may go without sending anything before it is given up."""
+"""Seconds a model stream may go without bringing anything of its answer (text, a piece of a
+tool call, reasoning) before it is given up."""
 MAX_TOOL_NAME = 128
 """A call's name is cut there (as ``ToolCall`` holds it): a longer one names no tool anyway."""
 ID_ROOM = 120
@@ -229,12 +230,7 @@ class Agent:
             if not counted:
                 self.tally.estimate(messages, len(text) + len(calls))
 
-    async def _take(
-        self,
-        event: TextChunk | ToolCallRequest | UsageReport,
-        text: list[str],
-        calls: list[ToolCall],
-    ) -> None:
+    async def _take(self, event: ChatEvent, text: list[str], calls: list[ToolCall]) -> None:
         if isinstance(event, TextChunk):
             chunk = whole_text(event.text)
             text.append(chunk)
@@ -243,7 +239,7 @@ class Agent:
             name, arguments = whole_text(event.name), whole_text(event.arguments)
             name = name[:MAX_TOOL_NAME] or "unnamed"  # no tool is named so: an error result
             calls.append(ToolCall(id=self.tally.call_id(event.id), name=name, arguments=arguments))
-        else:
+        elif isinstance(event, UsageReport):
             self.tally.counted(event)
 
     async def _run_tools(

@@ -245,8 +245,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env="HANGAR_STALL",
         default="120",
         check=seconds,
-        help="seconds a model stream may send nothing before it is closed and the work order "
-        "ends in error (HANGAR_STALL; default %(default)s; 0 for none)",
+        help="seconds a model stream may bring nothing of its answer before it is closed and "
+        "the work order ends in error (HANGAR_STALL; default %(default)s; 0 for none)",
     )
 
 

@@ -206,6 +206,7 @@ class AgentService:
                 network=settings.network,
                 allow_private_urls=settings.allow_private_urls,
                 gate=running.approvals,
+                stall=self.stall,
             )
             if settings is not None
             else NoTools()

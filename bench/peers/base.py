@@ -80,6 +80,17 @@ class Reply:
     proxy) that died mid-answer."""
     headers: dict[str, str] = field(default_factory=dict)
     """Headers sent with an error ``status`` (the OpenAI peer), such as ``Retry-After``."""
+    thinking: list[str] = field(default_factory=list)
+    """Reasoning streamed before the answer, paced like ``chunks``: OpenAI's
+    ``reasoning_content`` deltas, Ollama's ``message.thinking`` parts."""
+    finish: str | None = None
+    """How the answer says it ended, in place of ``stop`` / ``tool_calls``: OpenAI's
+    ``finish_reason``, Ollama's ``done_reason`` (``length``, ``content_filter``)."""
+    unindexed: bool = False
+    """(OpenAI) Tool call pieces without their ``index``, as some compatible services stream
+    them: each call's first piece carries its id and name."""
+    usage_twice: bool = False
+    """(OpenAI) The usage sent on the finishing chunk as well as after it."""
 
     @property
     def text(self) -> str:

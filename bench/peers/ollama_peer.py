@@ -93,6 +93,9 @@ class OllamaPeer(UpstreamPeer):
         rec.status = 200
         await resp.prepare(request)
         await self.pace_start(rec, reply)
+        for piece in reply.thinking:
+            part = self._part(model, {"role": "assistant", "content": "", "thinking": piece})
+            await self.emit(rec, resp, dumps(part) + "\n")
         for piece in reply.chunks:
             part = self._part(model, {"role": "assistant", "content": piece})
             await self.emit(rec, resp, dumps(part) + "\n")
@@ -104,6 +107,7 @@ class OllamaPeer(UpstreamPeer):
         if reply.cut_short or reply.drop:
             return await self.cut(request, rec, resp)
         final = self._done(rec, model, max(rec.chunks_sent, 1))
+        final["done_reason"] = reply.finish or "stop"
         await self.emit(rec, resp, dumps(final) + "\n", counted=False)
         return await self.finish(rec, resp)
 

@@ -213,6 +213,8 @@ class OpenAIPeer(UpstreamPeer):
             role = {"role": "assistant", "content": "", "refusal": None}
             await self.emit(rec, resp, event(role), counted=False)
             role_sent = True
+        for piece in reply.thinking:
+            await self.emit(rec, resp, event({"reasoning_content": piece}))
         encoded: dict[str, str] = {}  # a short piece that recurs is encoded once per reply
 
         def content(piece: str) -> str:
@@ -236,9 +238,10 @@ class OpenAIPeer(UpstreamPeer):
             if not role_sent:
                 head = {"role": "assistant", "content": None, "refusal": None}
                 role_sent = True
+            index = {} if reply.unindexed else {"index": i}
             head["tool_calls"] = [
                 {
-                    "index": i,
+                    **index,
                     "id": call_id,
                     "type": "function",
                     "function": {"name": tc.name, "arguments": ""},
@@ -246,20 +249,19 @@ class OpenAIPeer(UpstreamPeer):
             ]
             await self.emit(rec, resp, event(head))
             for piece in split_pieces(arguments_text(tc.arguments), reply.tool_call_pieces):
-                delta = {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
+                delta = {"tool_calls": [{**index, "function": {"arguments": piece}}]}
                 await self.emit(rec, resp, event(delta))
 
         if reply.cut_short or reply.drop:
             return await self.cut(request, rec, resp)
-        finish = "tool_calls" if reply.tool_calls else "stop"
-        await self.emit(rec, resp, event({}, finish), counted=False)
+        finish = reply.finish or ("tool_calls" if reply.tool_calls else "stop")
+        counts = self._usage(body, max(rec.chunks_sent, 1))
+        last = event({}, finish)
+        if include_usage and reply.usage_twice:
+            last = last.replace('"usage":null', f'"usage":{dumps(counts)}')
+        await self.emit(rec, resp, last, counted=False)
         if include_usage:
-            completion_tokens = max(rec.chunks_sent, 1)
-            usage = {
-                **base,
-                "choices": [],
-                "usage": self._usage(body, completion_tokens),
-            }
+            usage = {**base, "choices": [], "usage": counts}
             await self.emit(rec, resp, f"data: {dumps(usage)}\n\n", counted=False)
         await self.emit(rec, resp, "data: [DONE]\n\n", counted=False)
         return await self.finish(rec, resp)

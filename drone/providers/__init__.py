@@ -3,6 +3,7 @@
 from .base import (
     ChatEvent,
     ChatOptions,
+    Heard,
     Provider,
     ProviderError,
     TextChunk,
@@ -16,6 +17,7 @@ from .openai_provider import OpenAIProvider
 __all__ = [
     "ChatEvent",
     "ChatOptions",
+    "Heard",
     "OllamaProvider",
     "OpenAIProvider",
     "Provider",

@@ -42,7 +42,15 @@ class UsageReport:
     completion_tokens: int
 
 
-ChatEvent = TextChunk | ToolCallRequest | UsageReport
+@dataclass(frozen=True)
+class Heard:
+    """The stream brought part of the answer that is not text to show: a piece of a tool call,
+    or the model's reasoning. The model is not silent (a stall watch counts it)."""
+
+
+HEARD = Heard()
+
+ChatEvent = TextChunk | ToolCallRequest | UsageReport | Heard
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,8 @@ class ProviderError(Exception):
 ENDED_EARLY = "The model service's stream ended before its answer did."
 """A stream that stopped without its last chunk: what came is not the model's whole answer."""
 BROKE_OFF = "The connection to the model service broke in the middle of its answer."
+CUT_AT_LENGTH = "The model's answer reached its length limit and was cut there."
+FILTERED = "The model service withheld the rest of the answer (its content filter)."
 
 
 class Provider(Protocol):

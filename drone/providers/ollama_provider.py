@@ -15,7 +15,9 @@ from hangar.shared.protocol import ChatMessage
 
 from .base import (
     BROKE_OFF,
+    CUT_AT_LENGTH,
     ENDED_EARLY,
+    HEARD,
     ChatEvent,
     ChatOptions,
     ProviderError,
@@ -75,7 +77,7 @@ class OllamaProvider:
         upstream = UpstreamShutdown(signal)
         count = 0
         parts = 0
-        done = False
+        done = cut = False
         try:
             while True:
                 # The SDK sends the request on the first read; its response hook attaches it.
@@ -93,11 +95,14 @@ class OllamaProvider:
                     _UPSTREAM.reset(token)
                 parts += 1
                 done = done or bool(part.done)
+                cut = cut or (bool(part.done) and part.done_reason == "length")
                 if part.done and part.eval_count is not None:
                     yield UsageReport(part.prompt_eval_count or 0, part.eval_count)
                 message = part.message
                 if message.content:
                     yield TextChunk(message.content)
+                elif message.thinking:
+                    yield HEARD
                 for call in message.tool_calls or []:
                     count += 1
                     yield ToolCallRequest(
@@ -121,6 +126,8 @@ class OllamaProvider:
         if not done:  # no part said "done": the stream was cut short
             signal.throw_if_aborted()  # an abort may end the stream as if it were whole
             raise ProviderError(ENDED_EARLY)
+        if cut:  # never passed off as a whole answer
+            raise ProviderError(CUT_AT_LENGTH)
 
     async def close(self) -> None:
         await self.client._client.aclose()

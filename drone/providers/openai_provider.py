@@ -13,11 +13,14 @@ import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion
 
-from hangar.shared.protocol import ChatMessage
+from hangar.shared.protocol import ANSWER_TOO_LONG, MAX_MESSAGE_BYTES, ChatMessage
 
 from .base import (
     BROKE_OFF,
+    CUT_AT_LENGTH,
     ENDED_EARLY,
+    FILTERED,
+    HEARD,
     ChatEvent,
     ChatOptions,
     ProviderError,
@@ -71,11 +74,10 @@ class OpenAIProvider:
         # An abort shuts the socket down in its callback: the FIN leaves before the loop runs on.
         upstream = UpstreamShutdown(signal)
         upstream.attach(stream.response)
-        calls: dict[int, dict[str, str]] = {}
-        finished: list[str] = []
+        reading = _Reading()
         try:
             async for chunk in stream:
-                for event in _read_chunk(chunk, calls, finished):
+                for event in reading.read(chunk):
                     yield event
         except Exception as error:
             # The shut-down socket may fail the read before the scope's cancellation: abort wins.
@@ -93,9 +95,15 @@ class OpenAIProvider:
             upstream.detach()
             # A bare break would leave the HTTP stream open; closing it releases the connection.
             await stream.close()
-        if not finished:  # no choice ended: the stream was cut short (or was not a stream)
+        if not reading.finished:  # no choice ended: the stream was cut short (or was no stream)
             signal.throw_if_aborted()  # an abort may end the stream as if it were whole
             raise ProviderError(ENDED_EARLY)
+        if reading.usage is not None:
+            yield reading.usage
+        for reason in reading.finished:
+            if reason in CUT_SHORT:  # never passed off as a whole answer; its calls do not run
+                raise ProviderError(CUT_SHORT[reason])
+        calls = reading.calls
         for index in sorted(calls):
             call = calls[index]
             yield ToolCallRequest(
@@ -137,39 +145,68 @@ class OpenAIProvider:
 
 UNREADABLE = "The model service sent a chunk that is not a chat completion chunk."
 CALL = ("id", "name", "arguments")
+CUT_SHORT = {"length": CUT_AT_LENGTH, "content_filter": FILTERED}
+"""Finish reasons of an answer the service cut: the turn fails, what streamed is kept cut."""
 
 
-def _read_chunk(
-    chunk: object, calls: dict[int, dict[str, str]], finished: list[str]
-) -> list[ChatEvent]:
-    """The text and usage in one streamed chunk (the API's JSON); tool call pieces are added to
-    ``calls`` (index -> id, name, arguments so far), a choice's ``finish_reason`` to
-    ``finished``."""
-    if not isinstance(chunk, dict):
-        raise ProviderError(UNREADABLE)
-    events: list[ChatEvent] = []
-    try:
-        usage = chunk.get("usage")
-        if usage:
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            events.append(UsageReport(int(prompt or 0), int(completion or 0)))
-        for choice in chunk.get("choices") or ():
-            if choice.get("finish_reason"):
-                finished.append(str(choice["finish_reason"]))
-            delta = choice.get("delta") or {}
-            content = delta.get("content")
-            if content:
-                events.append(TextChunk(str(content)))
-            for piece in delta.get("tool_calls") or ():
-                call = calls.setdefault(int(piece.get("index") or 0), dict.fromkeys(CALL, ""))
-                if piece.get("id"):
-                    call["id"] = str(piece["id"])
-                function = piece.get("function") or {}
-                call["name"] += str(function.get("name") or "")
-                call["arguments"] += str(function.get("arguments") or "")
-    except (AttributeError, TypeError, ValueError) as error:
-        raise ProviderError(UNREADABLE) from error
-    return events
+class _Reading:
+    """One stream's chunks as they come (the API's JSON): text goes out at once; tool call
+    pieces add up in ``calls`` (index -> id, name, arguments so far), each choice's
+    ``finish_reason`` in ``finished``, and the last usage reported (a service may report it
+    on more than one chunk: it counts the whole request each time) in ``usage``."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finished: list[str] = []
+        self.usage: UsageReport | None = None
+
+    def read(self, chunk: object) -> list[ChatEvent]:
+        if not isinstance(chunk, dict):
+            raise ProviderError(UNREADABLE)
+        events: list[ChatEvent] = []
+        try:
+            usage = chunk.get("usage")
+            if usage:
+                prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                self.usage = UsageReport(int(prompt or 0), int(completion or 0))
+            for choice in chunk.get("choices") or ():
+                if choice.get("finish_reason"):
+                    self.finished.append(str(choice["finish_reason"]))
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if isinstance(content, list):  # parts, as some compatible services send it
+                    content = "".join(str(p.get("text") or "") for p in content)
+                if content:
+                    events.append(TextChunk(str(content)))
+                pieces = delta.get("tool_calls") or ()
+                for piece in pieces:
+                    self._add(piece)
+                if pieces or delta.get("reasoning_content") or delta.get("reasoning"):
+                    events.append(HEARD)
+        except (AttributeError, TypeError, ValueError) as error:
+            raise ProviderError(UNREADABLE) from error
+        return events
+
+    def _add(self, piece: dict[str, Any]) -> None:
+        """One piece of a call. Without an ``index`` (some compatible services leave it out),
+        a piece that brings another id, or a name to a call that has one, starts a new call."""
+        index = piece.get("index")
+        function = piece.get("function") or {}
+        if index is None:
+            index = max(self.calls, default=0)
+            last, named = self.calls.get(index), piece.get("id")
+            if last is not None and (
+                (named and str(named) != last["id"])
+                or (not named and function.get("name") and last["name"])
+            ):
+                index += 1
+        call = self.calls.setdefault(int(index), dict.fromkeys(CALL, ""))
+        if piece.get("id"):
+            call["id"] = str(piece["id"])
+        call["name"] += str(function.get("name") or "")
+        call["arguments"] += str(function.get("arguments") or "")
+        if len(call["arguments"]) > MAX_MESSAGE_BYTES:  # it could never be kept
+            raise ProviderError(ANSWER_TOO_LONG)
 
 
 def _message(message: ChatMessage) -> dict[str, Any]:
@@ -179,13 +216,24 @@ def _message(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     return out
+
+
+def _arguments(text: str) -> str:
+    """A call's arguments as the service gets them back: the model's own text when it is a JSON
+    object, else ``{}`` (services that read past calls refuse a history with arguments they
+    cannot read; the call's result told the model what was wrong with them)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return "{}"
+    return text if isinstance(value, dict) else "{}"
 
 
 def _describe(error: openai.APIError) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from hangar.shared.abort import AbortError, AbortSignal, linked_controller
 from hangar.shared.protocol import ChatMessage, ToolCall
 
-from ..agent import Agent, Gate, Open, Report, Tally
+from ..agent import STALL, Agent, Gate, Open, Report, Tally
 from ..providers import Provider, ToolSpec
 from . import fetch, files, shell
 from .errors import ToolError
@@ -85,6 +85,8 @@ class Toolbox:
     """Whether ``fetch_url`` may reach private, loopback and link-local addresses."""
     gate: Gate = field(default_factory=Open)
     """What each call passes first (approvals); sub-agents' calls pass it too."""
+    stall: float | None = STALL
+    """The drone's ``--stall``: a sub-agent's model streams are watched as the work order's."""
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -133,6 +135,7 @@ class Toolbox:
             depth=child_depth,
             tally=self.tally,
             step_signal=self.step_signal,
+            stall=self.stall,
             gate=self.gate,
         )
         messages = [
@@ -142,6 +145,13 @@ class Toolbox:
         with linked_controller(signal) as controller:
             try:
                 return await child.run(messages, controller.signal)
+            except AbortError as error:
+                if error.cause != "stall" or signal.aborted:
+                    raise
+                # The sub-agent's model, not the work order, stopped: a failed tool, as when
+                # that model's service fails otherwise; the work order goes on.
+                silent = f"sent nothing for {self.stall:g} s"
+                raise ToolError(f"The sub-agent stopped: its model service {silent}.") from None
             finally:
                 # The sub-agent's operation tree ends with it, whatever happened.
                 controller.abort(AbortError("The sub-agent ended.", cause="scope"))

@@ -1,0 +1,137 @@
+"""What a model service may stream, and how the drone's agent takes it: a model writing a long
+tool call or reasoning is not silent, a sub-agent's stalled model is a failed tool, calls the
+service streams without an index or with arguments it cannot read, and an answer the service
+cut (docs/protocol.md, "Ordering and endings")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.providers.base import CUT_AT_LENGTH, FILTERED
+from hangar.drone.service import AgentService
+from hangar.shared.abort import AbortController
+from tests.conftest import Upstream
+from tests.test_agent_service import Recorder, finished, order, tools_in
+from tests.test_upstream_close import provider_for
+
+
+def service_for(upstream: Upstream, tmp_path: Path, recorder: Recorder) -> AgentService:
+    provider = provider_for(upstream.provider, upstream.peer.base_url)
+    return AgentService(
+        provider, recorder, root=AbortController().signal, tools=tools_in(tmp_path), stall=0.5
+    )
+
+
+async def test_a_model_writing_a_long_tool_call_or_reasoning_is_not_taken_for_stalled(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """Seven pieces of reasoning, then a call's arguments in eight, 0.2 s apart: 3 s without a
+    word of text against a stall bound of 0.5 s."""
+    note = {"path": "note.txt", "content": "written slowly " * 8}
+    upstream.peer.script(
+        Reply(
+            chunks=[],
+            thinking=["Let me", " think", " about", " where", " it", " goes", "."],
+            tool_calls=[ScriptedToolCall("write_file", note)],
+            tool_call_pieces=8,
+            delay=0.2,
+        ),
+        Reply(chunks=["Written."]),
+    )
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Write a note"))
+
+    assert await finished(recorder) == ("t_1", True, "Written.")
+    assert (tmp_path / "note.txt").read_text() == note["content"]
+    assert recorder.endings[-1].reason == "finished"
+
+
+async def test_a_sub_agent_whose_model_stalls_is_a_failed_tool_and_the_turn_goes_on(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    upstream.peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "Look"})]),
+        Reply(chunks=["never"], stall_before=60),  # the sub-agent's model
+        Reply(chunks=["The sub-agent got stuck, so I looked myself."]),
+    )
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Delegate it"))
+
+    # Stalled after the drone's bound (0.5 s here), not the default 120 s; the turn went on.
+    turn_id, success, answer = await finished(recorder)
+    assert (turn_id, success) == ("t_1", True) and answer.startswith("The sub-agent got stuck")
+    result = [m.content for m in recorder.messages if m.role == "tool"]
+    assert result == ["Error: The sub-agent stopped: its model service sent nothing for 0.5 s."]
+    assert ("spawn_subagent", "error") in recorder.tools
+
+
+async def test_an_answer_the_service_cut_at_its_length_limit_is_not_passed_off_as_whole(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    upstream.peer.script(
+        Reply(chunks=["The answer is"], finish="length"), Reply(chunks=["Shorter."])
+    )
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Tell me everything"))
+
+    assert await finished(recorder) == ("t_1", False, CUT_AT_LENGTH)
+    assert recorder.endings[-1].reason == "model_failed"
+    assert recorder.messages == []  # the relay keeps what streamed, flagged as cut
+
+    service.accept(order("t_2", "Briefly, then"))
+    assert await finished(recorder) == ("t_2", True, "Shorter.")
+
+
+async def test_an_answer_the_services_filter_withheld_fails_and_its_call_does_not_run(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    write = ScriptedToolCall("write_file", {"path": "x.txt", "content": "x"})
+    openai_peer.script(Reply(chunks=["Sure"], tool_calls=[write], finish="content_filter"))
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Write x"))
+
+    assert await finished(recorder) == ("t_1", False, FILTERED)
+    assert not (tmp_path / "x.txt").exists() and recorder.tools == []
+
+
+async def test_calls_streamed_without_an_index_stay_apart_and_unreadable_arguments_go_back_empty(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A service that leaves out each call piece's ``index``; then a model whose arguments are
+    no JSON object: the service is sent ``{}`` for them with the next request (it may refuse
+    a history with arguments it cannot read), though the history keeps what the model said."""
+    (tmp_path / "a.txt").write_text("hello from a.txt")
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[ScriptedToolCall("read_file", {"path": "a.txt"}), ScriptedToolCall(
+                "list_directory")],
+            unindexed=True,
+        ),
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("read_file", "{not json"), ScriptedToolCall(
+            "list_directory", "[1, 2]")]),
+        Reply(chunks=["Both read; two calls failed."], usage_twice=True),
+    )  # fmt: skip
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Read a.txt and list"))
+
+    assert await finished(recorder) == ("t_1", True, "Both read; two calls failed.")
+    _, second, last = (r.messages for r in openai_peer.requests)
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in second[1]["tool_calls"]]
+    assert calls == [("read_file", '{"path": "a.txt"}'), ("list_directory", "{}")]
+    assert [m["content"] for m in second[2:]] == ["hello from a.txt", "a.txt"]
+    sent_back = [c["function"]["arguments"] for c in last[4]["tool_calls"]]
+    assert sent_back == ["{}", "{}"]
+    assert [m["content"][:6] for m in last[5:]] == ["Error:", "Error:"]
+    kept = recorder.messages[3].tool_calls
+    assert kept is not None and [c.arguments for c in kept] == ["{not json", "[1, 2]"]
+    # The last answer's usage came twice (on its finishing chunk too): counted once.
+    usage = recorder.endings[-1].usage
+    sent = sum(max(request.chunks_sent, 1) for request in openai_peer.requests)
+    assert usage is not None and usage.completion_tokens == sent
