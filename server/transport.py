@@ -33,6 +33,7 @@ from typing import Any
 
 import engineio
 import socketio
+from aiohttp import web
 from engineio import packet as eio_packet
 from socketio import packet
 
@@ -125,10 +126,39 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._async = {**self._async, "websocket": PromptCloseWebSocket}
+        translate = self._async["translate_request"]
+
+        def translate_request(request: web.Request) -> dict[str, Any]:
+            environ: dict[str, Any] = translate(request)
+            environ["wsgi.input"] = WholeBody(request)
+            return environ
+
+        self._async = {
+            **self._async,
+            "websocket": PromptCloseWebSocket,
+            "translate_request": translate_request,
+        }
 
     def create_queue(self, *args: Any, **kwargs: Any) -> SendQueue:
         return SendQueue(*args, **kwargs)
+
+
+class WholeBody:
+    """A long-polling POST's body as engine.io reads it (``read(length)``): all of it. aiohttp's
+    ``StreamReader.read(n)`` returns what has arrived so far, and a large event, which comes in
+    several reads, was cut at the first and refused as malformed."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+
+    async def read(self, length: int = -1) -> bytes:
+        content = self.request.content
+        if length < 0:
+            return await content.read()
+        try:
+            return await content.readexactly(length)
+        except asyncio.IncompleteReadError as error:  # the client went away mid-body
+            return error.partial
 
 
 InlineHandler = Callable[[str, list[Any]], "asyncio.Future[Any] | dict[str, Any] | None"]

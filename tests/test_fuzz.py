@@ -576,6 +576,31 @@ async def test_an_oversized_payload_is_refused_with_its_size(
     assert (await browser.call("listSessions"))["ok"] is True
 
 
+async def test_large_events_over_long_polling_arrive_whole(relay: RelayHandle) -> None:
+    """The page starts on long-polling (and stays there behind a proxy without websockets):
+    an event's body comes in several reads, and was cut at the first one."""
+    client = socketio.AsyncClient(reconnection=False)
+    await client.connect(
+        relay.url,
+        namespaces=[IDE_NAMESPACE],
+        auth={"token": await relay.people.token()},
+        transports=["polling"],
+    )
+    try:
+        prompt = "שלום עולם, " * 9_000 + "ok?"  # 99,003 characters, 180 kB of UTF-8
+        ack = await client.call("submitWorkOrder", {"prompt": prompt}, namespace=IDE_NAMESPACE)
+        assert ack["ok"] is True, ack
+        turn = await relay.relay.store.get_turn(ack["turnId"], messages=False)
+        assert turn is not None and turn.prompt == prompt
+
+        payload = {"prompt": "x" * 1_500_000}
+        size = len(json.dumps(payload, separators=(",", ":")))
+        answer = await client.call("submitWorkOrder", payload, namespace=IDE_NAMESPACE)
+        assert answer == {"ok": False, "error": too_large(size)}
+    finally:
+        await client.eio.disconnect(abort=True)
+
+
 async def test_the_size_limit_counts_compact_json_bytes(
     relay: RelayHandle, browser: Browser
 ) -> None:
