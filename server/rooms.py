@@ -211,10 +211,13 @@ class Rooms:
             for view in views:
                 view.position = where.get(view.turn_id) if view.status == "queued" else None
         names = await self.accounts.names({session.owner} - {viewer.user_id})
+        queued = await queue.queued_per_session(self.store, session.owner)
         return {
             "ok": True,
             "session": session.view(
-                processing, owner_name(names, session.owner, viewer.user_id)
+                processing,
+                owner_name(names, session.owner, viewer.user_id),
+                queued.get(session_id, 0),
             ).wire(),
             "turns": [view.wire() for view in views],
             "more": more,

@@ -75,6 +75,10 @@ async def test_a_submit_with_no_drone_online_waits_and_starts_when_one_comes(
     assert (await place_of(browser, ack["turnId"]))["position"] == 1
     assert await status_of(relay, ack["turnId"]) == "queued"
     assert not browser.completions(ack["turnId"])
+    # The session says it has a turn waiting, opened as listed.
+    opened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
+    listed = (await browser.call("listSessions"))["sessions"]
+    assert opened["session"]["queuedTurns"] == listed[0]["queuedTurns"] == 1
 
     await start_drone(Upstream("openai", openai_peer))
 
