@@ -146,8 +146,10 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             raise socketio.exceptions.ConnectionRefusedError(
                 f"This token is the drone {owned}'s; connect as {owned}."
             )
-        if owned is None and await self.relay.accounts.has_drone_token(hello.drone_id):
-            raise socketio.exceptions.ConnectionRefusedError(OWN_TOKEN.format(hello.drone_id))
+        # Nor by the name it is shown under (the shipped drone's id is its name and a suffix).
+        for claimed in dict.fromkeys((hello.drone_id, hello.name)) if owned is None else ():
+            if claimed and await self.relay.accounts.has_drone_token(claimed):
+                raise socketio.exceptions.ConnectionRefusedError(OWN_TOKEN.format(claimed))
         instance = hashlib.sha256(hello.instance.encode()).hexdigest()
         connected = await self.relay.directory.route(hello.drone_id)
         if connected is not None and not hmac.compare_digest(connected.instance, instance):

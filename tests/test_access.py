@@ -640,6 +640,10 @@ async def test_the_shared_token_cannot_open_a_drone_that_has_a_token_of_its_own(
     assert await relay.relay.accounts.revoke_drone_token("laptop")
     refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=shared, transports=["websocket"])
     assert refused == {"message": OWN_TOKEN.format("laptop")}  # revoked stays revoked
+    # Nor under its name with an id of its own, as `hangar drone --name laptop` connects.
+    named = {**drone_hello("laptop-b11f37"), "name": "laptop"}
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=named, transports=["websocket"])
+    assert refused == {"message": OWN_TOKEN.format("laptop")}
     desk = socketio.AsyncClient(reconnection=False)  # no token of its own: the shared one opens
     await desk.connect(
         relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("desk"), wait_timeout=5
