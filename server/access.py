@@ -31,10 +31,12 @@ from typing import Any, Literal
 from aiohttp import web
 
 from .accounts import API_TOKEN_PREFIX, LOGIN_SECONDS, Accounts, Revocation, User, token_hash
+from .connections import UNAVAILABLE
 from .limits import QuietLog
 
 log = logging.getLogger("hangar.relay")
 revocation_failures = QuietLog(log)
+request_failures = QuietLog(log)
 
 LOGIN_COOKIE = "hangar_login"
 BAD_LOGIN = "Wrong user name or password."
@@ -53,6 +55,26 @@ class Credential:
     """The login's or token's hash, as revocations name it."""
     expires_at: float | None = None
     """When a login expires (``time.time()``); an API token lasts until it is revoked."""
+
+
+@web.middleware
+async def answer_unavailable(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A page, login or logout asked for while the database (or Redis) does not answer: 503
+    and one sentence, logged once per outage, not a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as error:
+        request_failures.warning(
+            "request not answered path=%s (%s: %s)",
+            request.path,
+            type(error).__name__,
+            str(error)[:200],
+        )
+        return web.Response(status=503, text=UNAVAILABLE, headers={"Retry-After": "5"})
 
 
 def is_loopback(host: str) -> bool:

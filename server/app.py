@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
 
-from .access import Access, follow_revocations
+from .access import Access, answer_unavailable, follow_revocations
 from .browsers import IdeNamespace
 from .channel import RedisChannel
 from .drones import DroneNamespace
@@ -129,7 +129,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     # A foreign origin is a client's doing, not the relay's failure: engine.io logs it at INFO,
     # not at ERROR the first time.
     sio.eio.log_message_keys.add("bad-origin")
-    app = web.Application()
+    app = web.Application(middlewares=[answer_unavailable])
     sio.attach(app)
     relay = Relay(
         store,

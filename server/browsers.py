@@ -28,7 +28,7 @@ from hangar.shared.protocol import (
 
 from .access import Access, Credential
 from .accounts import Revocation
-from .connections import UNAVAILABLE, ConnectionNamespace, failures
+from .connections import AGAIN, UNAVAILABLE, ConnectionNamespace, failures
 from .limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
@@ -143,7 +143,7 @@ class IdeNamespace(ConnectionNamespace[BrowserConnection]):
             credential = await self.access.browser(environ, auth)
         except Exception as error:  # the store does not answer: the page tries again by itself
             failures.warning("login not checked (%s: %s)", type(error).__name__, error)
-            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE) from None
+            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE, AGAIN) from None
         if credential is None:
             raise socketio.exceptions.ConnectionRefusedError(NOT_LOGGED_IN)
         user = credential.user

@@ -25,6 +25,8 @@ UNAVAILABLE = (
     "The relay cannot do that just now (its database or Redis does not answer); "
     "try again in a moment."
 )
+AGAIN = {"again": True}
+"""The data of a refusal that is not for good (``UNAVAILABLE``): the client connects again."""
 
 C = TypeVar("C")
 Handler = Callable[..., Any]

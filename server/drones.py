@@ -34,7 +34,7 @@ from hangar.shared.protocol import (
 )
 
 from .accounts import Revocation
-from .connections import UNAVAILABLE, ConnectionNamespace, failures
+from .connections import AGAIN, UNAVAILABLE, ConnectionNamespace, failures
 from .lanes import TurnLanes
 from .limits import one_payload, refusal
 from .live_state import DroneRoute
@@ -124,7 +124,7 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             failures.warning(
                 "drone not let in (%s: %s); it tries again", type(error).__name__, error
             )
-            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE, {"again": True}) from None
+            raise socketio.exceptions.ConnectionRefusedError(UNAVAILABLE, AGAIN) from None
 
     async def _let_in(self, sid: str, auth: Any) -> None:
         if not isinstance(auth, dict) or not isinstance(auth.get("token"), str):

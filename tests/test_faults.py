@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 import socketio
@@ -56,6 +57,7 @@ from tests.conftest import (
     eventually,
     relay_folder,
 )
+from tests.test_access import refusal_of
 from tests.test_drone_workers import alive, children_of
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
@@ -920,6 +922,47 @@ async def test_a_postgres_crash_delays_endings_but_loses_none(
         assert await store.processing_turns() == []
         await a_next_turn_works(browser, turn.session_id, openai_peer)
         await browser.close()
+    finally:
+        await runner.cleanup()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
+    ]
+
+
+async def test_a_page_loaded_or_connected_during_a_database_outage_is_told_to_come_again(
+    own_postgres: OwnPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reload, a login, or a page's socket.io connection while PostgreSQL is down: a 503 with
+    one sentence, and a refusal that says to try again (the page does), then all works."""
+    caplog.set_level(logging.INFO)
+    runner, port = await start_relay(RelayConfig(port=0, database=own_postgres.url))
+    url = f"http://127.0.0.1:{port}"
+    accounts = runner.app[RELAY].accounts
+    password = "correct horse battery staple"
+    await accounts.add_user("ada", password)
+    form = {"username": "ada", "password": password}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/login", data=form, allow_redirects=False) as logged_in:
+                assert logged_in.status == 303
+                login = {"Cookie": f"hangar_login={logged_in.cookies['hangar_login'].value}"}
+            token = await People(accounts).token("bob")
+
+            await asyncio.to_thread(own_postgres.kill)
+            # A login this relay has not seen yet (another relay's), and a new one.
+            cookie = {"Cookie": "hangar_login=made-on-another-relay"}
+            for method, path in [("GET", "/"), ("POST", "/login")]:
+                async with http.request(method, url + path, data=form, headers=cookie) as answer:
+                    assert (answer.status, await answer.text()) == (503, UNAVAILABLE), path
+            refused = await refusal_of(url, auth={"token": token}, transports=["websocket"])
+            assert refused == {"message": UNAVAILABLE, "data": {"again": True}}
+
+            await asyncio.to_thread(own_postgres.start)
+            async with http.get(url + "/", allow_redirects=False, headers=login) as page:
+                assert page.status == 200
+            browser = await Browser(url, token).connect()
+            assert (await browser.call("listSessions"))["ok"] is True
+            await browser.close()
     finally:
         await runner.cleanup()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], [
