@@ -47,6 +47,21 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
 
 
+def listen_host(text: str) -> str:
+    """A name or address to listen on (``[::1]`` as ``::1``)."""
+    host = text.strip()
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or any(c.isspace() or c in "/[]" for c in host):
+        raise ValueError(f"expected a name or address to listen on, got {text!r}.")
+    return host
+
+
+def relay_url(host: str, port: int) -> str:
+    """Where browsers and drones reach a relay listening on ``host`` (an IPv6 address in
+    brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def add_relay_arguments(command: argparse.ArgumentParser) -> None:
     add_log_level(command)
     add_setting(
@@ -54,7 +69,9 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         "--host",
         env="HANGAR_HOST",
         default="127.0.0.1",
-        help="(HANGAR_HOST; default %(default)s)",
+        check=listen_host,
+        help="the name or address to listen on; an IPv6 one with or without its brackets "
+        "(HANGAR_HOST; default %(default)s)",
     )
     add_setting(
         command,
@@ -221,7 +238,7 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
         return 1
     except AbortError:
         return 0
-    print(f"Hangar relay listening on http://{config.host}:{port}/", flush=True)
+    print(f"Hangar relay listening on {relay_url(config.host, port)}/", flush=True)
     relay = runner.app[RELAY]
     if not await relay.accounts.users():
         print(

@@ -32,6 +32,7 @@ from .cli import (
     add_relay_arguments,
     cannot_open,
     relay_config,
+    relay_url,
     start_relay,
 )
 from .demo_model import DEMO_MODEL, DEMO_PATH
@@ -107,7 +108,7 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         return 1
     except AbortError:
         return 0
-    base = f"http://{config.host}:{port}"
+    base = relay_url(config.host, port)
     arguments, label = demo_drone_arguments(base, model)
     token = await _demo_drone_token(runner.app[RELAY].accounts)
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}

@@ -187,7 +187,7 @@ def url(*schemes: str) -> Callable[[str], str]:
             parts.port  # noqa: B018 (raises ValueError for a port that is not a port number)
         except ValueError:
             raise ValueError(f"expected a port number in the URL, got {text!r}.") from None
-        if not (parts.hostname or parts.scheme == "unix"):
+        if not (parts.hostname or parts.scheme == "unix") or any(c.isspace() for c in parts.netloc):
             raise ValueError(f"expected a host in the URL, got {text!r}.")
         return text.strip()
 

@@ -113,6 +113,10 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         (["drone"], {"OPENAI_BASE_URL": "http://"},
          "hangar drone: OPENAI_BASE_URL (for --base-url): expected a host in the URL, "
          "got 'http://'."),
+        (["drone", "--server", "http://a b:80"], {},
+         f"hangar drone: --server: {URLS}, got 'http://a b:80'."),
+        (["serve", "--host", ""], {},
+         "hangar serve: --host: expected a name or address to listen on, got ''."),
         (["drone", "--ollama-host", "ftp://ollama"], {},
          "hangar drone: --ollama-host: expected a URL starting with http:// or https://, "
          "or host:port, got 'ftp://ollama'."),
@@ -182,7 +186,8 @@ LEVELS = "expected one of debug, info, warning, error, critical"
     ],
     ids=[
         "server-without-scheme", "server-env-list", "base-url-without-scheme",
-        "base-url-env-without-host", "ollama-host-scheme", "redis-without-scheme",
+        "base-url-env-without-host", "server-with-a-space", "host-empty", "ollama-host-scheme",
+        "redis-without-scheme",
         "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
         "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",

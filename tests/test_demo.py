@@ -10,15 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from hangar.server.access import LOGIN_COOKIE
 from tests.conftest import HANGAR, ROOT, Browser, eventually, relay_folder
 
 
-async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"])
+async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(
+    tmp_path: Path, host: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OLLAMA_HOST")}
     process = await asyncio.create_subprocess_exec(
-        *HANGAR, "demo", "--port", "0",
+        *HANGAR, "demo", "--host", host, "--port", "0",
         "--database", str(relay_folder(tmp_path) / "demo.db"),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -29,6 +33,7 @@ async def test_demo_serves_the_page_and_its_drone_completes_a_work_order(tmp_pat
         found = re.search(r"open (http://\S+/) in your browser", line)
         assert found, line
         url = found.group(1)
+        assert url.startswith(f"http://{host}:")  # an IPv6 address in its brackets
         async with aiohttp.ClientSession() as http, http.get(url) as page:
             assert page.status == 200
             login = page.cookies[LOGIN_COOKIE].value  # a visitor on this machine is let in
