@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     }
     action = actions[(args.command, args.action)]
     prefix = f"hangar {args.command} {args.action}"
+    for key, value in vars(args).items():
+        if isinstance(value, str) and not _utf8(value):  # bytes a terminal could not decode
+            print(f"{prefix}: {key} is not UTF-8 text: {value!r}.", file=sys.stderr)
+            return 2
     password: str | None = None
     if getattr(args, "password_stdin", False) or (
         args.action in ("add", "passwd") and not getattr(args, "no_password", False)
@@ -127,7 +131,17 @@ def _read_password(from_stdin: bool) -> str:
         raise AccountError("Give the password on standard input with --password-stdin.")
     if not password:
         raise AccountError("A password cannot be empty.")
+    if not _utf8(password):
+        raise AccountError("The password is not UTF-8 text.")
     return password
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def _user_add(accounts: Accounts, args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from hangar.server.sqlite_store import SqliteTurnStore
 from tests.conftest import HANGAR, ROOT
 
 
-async def hangar(*arguments: str, stdin: str | None = None) -> tuple[int, str, str]:
+async def hangar(*arguments: str | bytes, stdin: str | bytes | None = None) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HANGAR_", "OPENAI", "OLLAMA"))}
     process = await asyncio.create_subprocess_exec(
         *HANGAR, *arguments,
@@ -29,7 +29,8 @@ async def hangar(*arguments: str, stdin: str | None = None) -> tuple[int, str, s
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(stdin.encode() if stdin else b""), 60)
+    data = stdin.encode() if isinstance(stdin, str) else stdin or b""
+    out, err = await asyncio.wait_for(process.communicate(data), 60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
@@ -110,12 +111,18 @@ async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> 
         (("user", "remove", "nobody"), 1, "There is no user named 'nobody'."),
         (("token", "create", "nobody"), 1, "There is no user named 'nobody'."),
         (("drone-token", "revoke", "ghost"), 1, "The drone 'ghost' has no active token."),
+        # Bytes a terminal could not decode as UTF-8.
+        (("user", "remove", b"bad\xff\xfe"), 2, "name is not UTF-8 text: 'bad\\udcff\\udcfe'"),
+        (("token", "create", "ada", "--label", b"l\xff"), 2, "label is not UTF-8 text"),
     ]
     for arguments, expected_code, message in cases:
         code, out, err = await hangar(*arguments, "--database", db)
         assert (code, out) == (expected_code, ""), arguments
         assert len(err.splitlines()) == 1 and message in err, (arguments, err)
         assert "Traceback" not in err
+    code, out, err = await hangar("user", "add", "eve", "--password-stdin", "--database", db,
+                                  stdin=b"\xff\xfebadutf8\n")  # fmt: skip
+    assert (code, out, err.strip()) == (2, "", "hangar user add: The password is not UTF-8 text.")
 
 
 async def test_a_password_of_fewer_than_eight_characters_is_refused(tmp_path: Path) -> None:
