@@ -103,6 +103,10 @@ class WorkerProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=READ_LIMIT,
+            # A terminal's Ctrl-C is the drone's to handle (it aborts, then closes the pipes),
+            # not a worker's, which may still be loading: out of the terminal's process group
+            # (a session of its own: uvloop takes no ``process_group``).
+            start_new_session=True,
         )
         self.process = process
         self.send(settings)

@@ -124,17 +124,19 @@ class WorkerPool:
 
     async def start(self, within: float = START_WITHIN) -> None:
         """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
-        first (or none is ready in time)."""
+        first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it returns."""
         self._lives = [asyncio.ensure_future(self._live(w)) for w in self.workers]
         self._lives.append(asyncio.ensure_future(self._watch()))
         for worker in self.workers:
-            up = asyncio.ensure_future(worker.ready.wait())
-            down = asyncio.ensure_future(worker.exited.wait())
+            waits = [worker.ready.wait(), worker.exited.wait(), self.root.wait()]
+            tasks = [asyncio.ensure_future(wait) for wait in waits]
             try:
-                await asyncio.wait((up, down), timeout=within, return_when="FIRST_COMPLETED")
+                await asyncio.wait(tasks, timeout=within, return_when="FIRST_COMPLETED")
             finally:
-                up.cancel()
-                down.cancel()
+                for task in tasks:
+                    task.cancel()
+            if self.root.aborted:
+                return
             if not worker.ready.is_set():
                 process = worker.process
                 code = process.returncode if process is not None else None

@@ -376,17 +376,14 @@ def _parts_for(argv: list[str]) -> list[ModuleType]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parts = _parts_for(argv)
     try:
-        args = parser(parts).parse_args(argv)
+        args = parser(_parts_for(argv)).parse_args(argv)
+        configure_logging(args.log_level)
+        code: int = importlib.import_module(PARTS[args.command]).run(args)
     except SettingError as error:
         print(error, file=sys.stderr)
         return 2
-    configure_logging(args.log_level)
-    try:
-        part = importlib.import_module(PARTS[args.command])
-        code: int = part.run(args)
-    except KeyboardInterrupt:  # Ctrl-C before a part handles it (at a prompt, say)
+    except KeyboardInterrupt:  # Ctrl-C before a part handles it (while loading, at a prompt)
         print(file=sys.stderr)
         return 130
     return code

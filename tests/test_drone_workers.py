@@ -523,3 +523,42 @@ def test_a_drone_refuses_a_worker_count_that_is_not_one(tmp_path: Path) -> None:
         .splitlines()[-1]
         .endswith("--workers: expected auto or a whole number from 0 to 1024, got 'many'.")
     )
+
+
+@pytest.mark.parametrize("when", ["loading", "starting its workers"])
+def test_ctrl_c_while_the_drone_starts_is_one_clean_exit(tmp_path: Path, when: str) -> None:
+    """A terminal's Ctrl-C reaches its whole foreground process group: the drone, and its
+    workers once they are started, whatever they are doing then."""
+    drone = subprocess.Popen(
+        [*HANGAR, "drone", "--server", "http://127.0.0.1:9", "--token", "x"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's process group of its own
+    )
+    try:
+        deadline = time.monotonic() + 30
+        program = "hangar" if when == "loading" else "worker_process"
+        while time.monotonic() < deadline and drone.poll() is None:
+            pids = [drone.pid] if when == "loading" else children_of(drone.pid)
+            if any(importing(pid, program) for pid in pids):
+                break
+            time.sleep(0.002)
+        os.killpg(drone.pid, signal.SIGINT)
+        _, err = drone.communicate(timeout=30)
+    finally:
+        if drone.poll() is None:
+            drone.kill()
+            drone.wait()
+    assert "Traceback" not in err, err
+    assert drone.returncode in (0, 130), err
+
+
+def importing(pid: int, program: str) -> bool:
+    """Whether process ``pid`` (running ``program``) has begun loading what it runs on: a
+    Python process that may not handle Ctrl-C itself yet."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        if program in Path(f"/proc/{pid}/cmdline").read_text():
+            return "pydantic_core" in Path(f"/proc/{pid}/maps").read_text()
+    return False

@@ -234,7 +234,9 @@ def _which(program: str) -> str | None:
 def _probe(argv: list[str]) -> str:
     """Run ``argv``; '' if it succeeded, else the first line of what it said."""
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+        # Out of the terminal's process group: a Ctrl-C as the drone starts is the drone's to
+        # handle, and would otherwise read as a sandbox that does not work.
+        done = subprocess.run(argv, capture_output=True, timeout=10, check=False, process_group=0)
     except (OSError, subprocess.TimeoutExpired) as error:
         return str(error)
     if done.returncode == 0:
