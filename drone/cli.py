@@ -122,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--provider",
         env="HANGAR_PROVIDER",
         default="openai",
+        check=provider,
         help="openai or ollama (HANGAR_PROVIDER; default %(default)s)",
     )
     add_setting(
@@ -273,13 +274,13 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
     )
 
 
+def provider(text: str) -> str:
+    if text not in PROVIDERS:
+        raise ValueError(f"expected one of {', '.join(PROVIDERS)}, got {text!r}.")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.provider not in PROVIDERS:
-        print(
-            f"hangar drone: unknown provider {args.provider!r}; use one of {', '.join(PROVIDERS)}.",
-            file=sys.stderr,
-        )
-        return 2
     if not args.token:
         print(
             "hangar drone: a drone token is required (--token or HANGAR_DRONE_TOKEN).",
@@ -287,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     config = config_from(args)
-    live_status = sys.stderr.isatty() and os.environ.get("HANGAR_STATUS_LINE") != "off"
+    live_status = sys.stderr.isatty() and os.environ.get("HANGAR_STATUS_LINE", "").lower() != "off"
 
     async def main() -> int:
         root = AbortController()

@@ -24,6 +24,7 @@ from hangar.shared.protocol import (
     SessionRef,
     SubmitWorkOrder,
     ToolApproval,
+    Wire,
 )
 
 from .access import Access, Credential
@@ -129,6 +130,10 @@ class BrowserConnection:
         return await self.relay.rooms.delete_session(self.user, request.session_id)
 
     async def on_list_drones(self, *args: Any) -> dict[str, Any]:
+        try:
+            payload(Wire, args)  # nothing to ask for: {} or no payload
+        except (ValidationError, ValueError) as error:
+            return {"ok": False, "error": refusal(error)}
         return {"ok": True, "drones": await self.relay.directory.views()}
 
 

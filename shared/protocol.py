@@ -24,6 +24,7 @@ from .wire import (
     EndReason,
     Id,
     NumberedMessage,
+    OneLine,
     ToolCall,
     TurnStatus,
     Usage,
@@ -172,7 +173,7 @@ class ListSessions(Wire):
 
 
 class RenameSession(SessionRef):
-    title: str = Field(max_length=200)  # stored on one line
+    title: Annotated[OneLine, Field(max_length=200)]
 
 
 # ---- relay <-> browser views

@@ -113,6 +113,9 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         (["drone"], {"OPENAI_BASE_URL": "http://"},
          "hangar drone: OPENAI_BASE_URL (for --base-url): expected a host in the URL, "
          "got 'http://'."),
+        (["drone"], {"HANGAR_PROVIDER": "claude"},
+         "hangar drone: HANGAR_PROVIDER (for --provider): expected one of openai, ollama, "
+         "got 'claude'."),
         (["drone", "--server", "http://a b:80"], {},
          f"hangar drone: --server: {URLS}, got 'http://a b:80'."),
         (["serve", "--host", ""], {},
@@ -186,9 +189,9 @@ LEVELS = "expected one of debug, info, warning, error, critical"
     ],
     ids=[
         "server-without-scheme", "server-env-list", "base-url-without-scheme",
-        "base-url-env-without-host", "server-with-a-space", "host-empty", "ollama-host-scheme",
-        "redis-without-scheme",
-        "redis-env-port", "database-scheme", "database-env-folder", "port", "port-env",
+        "base-url-env-without-host", "provider-env", "server-with-a-space", "host-empty",
+        "ollama-host-scheme", "redis-without-scheme", "redis-env-port", "database-scheme",
+        "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
         "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
         "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",

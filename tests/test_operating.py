@@ -156,7 +156,7 @@ async def test_the_drone_logs_plain_lines_when_not_in_a_terminal(
     [
         (
             ["--provider", "bogus", "--token", "t"],
-            "hangar drone: unknown provider 'bogus'; use one of openai, ollama.",
+            "hangar drone: --provider: expected one of openai, ollama, got 'bogus'.",
             2,
         ),
         (

@@ -142,6 +142,8 @@ async def test_a_malformed_rename_or_deletion_is_refused_with_a_sentence(
         ("renameSession", {"title": "No session named"}),
         ("deleteSession", {"sessionId": "not an id!"}),
         ("deleteSession", {"sessionId": "s_1", "also": True}),
+        ("listDrones", {"junk": 1}),
+        ("listDrones", "all of them"),
     ]:
         answer = await browser.call(event, payload)
         assert answer["ok"] is False and answer["error"].startswith("Invalid payload ("), answer
@@ -262,6 +264,11 @@ async def test_a_title_that_is_blank_or_too_long_is_refused(browser: Browser) ->
     assert blank == {"ok": False, "error": EMPTY_TITLE}
     assert long["ok"] is False and long["error"].startswith("Invalid payload (title")
     assert (await listed(browser))["sessions"][0]["title"] == "Keep this title"
+    # The bound counts the title as kept, on one line.
+    spaced = await browser.call(
+        "renameSession", {"sessionId": ack["sessionId"], "title": "x  " * 99 + "y"}
+    )
+    assert spaced["ok"] is True and spaced["session"]["title"] == "x " * 99 + "y"
 
 
 # ---- delete
