@@ -48,6 +48,7 @@ from .providers import (
     ToolSpec,
     UsageReport,
 )
+from .providers.base import EMPTY_ANSWER
 
 log = logging.getLogger("hangar.agent")
 
@@ -187,6 +188,8 @@ class Agent:
                 if text:
                     await keep(ChatMessage(role="assistant", content="".join(text), aborted=True))
                 raise
+            if not calls and not "".join(text).strip():  # nothing to show, keep or run
+                raise ProviderError(EMPTY_ANSWER)
             await keep(
                 ChatMessage(role="assistant", content="".join(text), tool_calls=calls or None)
             )

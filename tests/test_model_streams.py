@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
-from hangar.drone.providers.base import CUT_AT_LENGTH, FILTERED
+from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
 from tests.conftest import Upstream
@@ -135,3 +135,18 @@ async def test_calls_streamed_without_an_index_stay_apart_and_unreadable_argumen
     usage = recorder.endings[-1].usage
     sent = sum(max(request.chunks_sent, 1) for request in openai_peer.requests)
     assert usage is not None and usage.completion_tokens == sent
+
+
+async def test_an_empty_answer_fails_the_turn_instead_of_passing_for_one(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """A model that only reasons, or says nothing: no empty message in the history, which some
+    services refuse, and no "Done." over an empty answer."""
+    upstream.peer.script(Reply(chunks=[], thinking=["Hmm."]), Reply(chunks=[" \n"]))
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    for turn_id in ("t_1", "t_2"):
+        service.accept(order(turn_id, "Well?"))
+        assert await finished(recorder) == (turn_id, False, EMPTY_ANSWER)
+        assert recorder.endings[-1].reason == "model_failed"
+    assert recorder.messages == []

@@ -93,6 +93,7 @@ ENDED_EARLY = "The model service's stream ended before its answer did."
 BROKE_OFF = "The connection to the model service broke in the middle of its answer."
 CUT_AT_LENGTH = "The model's answer reached its length limit and was cut there."
 FILTERED = "The model service withheld the rest of the answer (its content filter)."
+EMPTY_ANSWER = "The model's answer was empty."
 
 
 class Provider(Protocol):
