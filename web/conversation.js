@@ -11,11 +11,14 @@ import {
   restoreSubAgentOutput,
   subAgentOutput,
 } from "./sub-agents.js";
+import { everStarted } from "./turn-status.js";
 import { TurnCard } from "./turns.js";
 import { announce, byId, h, nearBottom, toast } from "./ui.js";
 
 const MAX_ORPHAN_TURNS = 50;
 const MAX_ORPHAN_EVENTS = 5000;
+/** Room kept above an approval card's focused button when the view holds it in sight. */
+const FOCUS_MARGIN_PX = 12;
 /** Events kept for a snapshot on its way that the card it replaces was shown already. */
 const shownBefore = new WeakSet();
 
@@ -51,10 +54,20 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
 
   function pin() {
     if (!following) return;
-    section.scrollTop = section.scrollHeight;
+    section.scrollTop = Math.min(section.scrollHeight, keptInSight());
     // Its scroll event comes in a later frame: by then a key or a finger may have stopped the
     // following, which that event, the page's own move, must not start again.
     lastTop = section.scrollTop;
+  }
+
+  /** The furthest down the view may go and still show the approval card's button that has the
+   * keyboard (a short screen has no room for the card and all below it): its top, near the
+   * view's. Infinity when no card's button has the keyboard. */
+  function keptInSight() {
+    const focused = document.activeElement;
+    if (!focused?.closest?.(".approval") || !section.contains(focused)) return Infinity;
+    const offset = focused.getBoundingClientRect().top - section.getBoundingClientRect().top;
+    return section.scrollTop + offset - FOCUS_MARGIN_PX;
   }
 
   /** Follow the conversation from now on (a new prompt, a session opened, "Jump to latest"). */
@@ -458,6 +471,6 @@ function scrollsUp(e) {
 /** What the live region says when a turn shown ends (never the streamed words themselves). */
 function endNews(card) {
   if (card.status === "finished") return "Answer finished.";
-  if (card.status === "aborted") return "Turn aborted.";
+  if (card.status === "aborted") return everStarted(card) ? "Turn aborted." : "Turn cancelled before it started.";
   return card.result ? `Turn failed: ${card.result}` : "Turn failed.";
 }

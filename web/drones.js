@@ -1,7 +1,7 @@
 // The drone picker (#drone) and its summary line, from the relay's list of drones.
 
 import { LIST_DRONES } from "./protocol.js";
-import { request } from "./socket.js";
+import { request, socket } from "./socket.js";
 import { byId, h } from "./ui.js";
 
 function isDemo(drone) {
@@ -18,6 +18,13 @@ export function createDronePicker(state, { onChange }) {
   const summary = byId("drone-summary");
   /** droneId -> label of every drone listed since the page loaded, gone ones included. */
   const seen = new Map();
+  /** Whether the list is the relay's word now: not before the page first hears it, nor from a
+   * disconnect until the relay sends it again (a list from before an outage may be stale). */
+  let live = false;
+  socket.on("disconnect", () => {
+    live = false;
+    render();
+  });
 
   /** "name (model)" of a drone listed now or before, "" for one never seen. */
   function label(droneId) {
@@ -35,6 +42,7 @@ export function createDronePicker(state, { onChange }) {
       .slice()
       .sort((a, b) => String(a.name).localeCompare(String(b.name)) || String(a.droneId).localeCompare(String(b.droneId)));
     for (const d of state.drones) seen.set(d.droneId, `${d.name} (${modelLabel(d)})`);
+    live = socket.connected;
     render();
     onChange();
   }
@@ -54,7 +62,8 @@ export function createDronePicker(state, { onChange }) {
             dataset: { droneId: d.droneId, busy: busy ? "true" : "false", demo: isDemo(d) ? "true" : "false" },
             title: `${d.name} · ${d.provider ?? ""} ${d.model ?? ""}`.trim(),
           },
-          `${d.name} · ${modelLabel(d)} · ${busy ? "busy" : "idle"}${load}`,
+          // Busy or idle only while the relay says so (not from before an outage).
+          live ? `${d.name} · ${modelLabel(d)} · ${busy ? "busy" : "idle"}${load}` : `${d.name} · ${modelLabel(d)}`,
         ),
       );
     }
@@ -76,8 +85,10 @@ export function createDronePicker(state, { onChange }) {
 
     const total = state.drones.length;
     const busy = state.drones.filter((d) => d.busy).length;
-    summary.textContent = total === 0 ? "No drones online." : `${total} online · ${busy} busy · ${total - busy} idle`;
-    summary.dataset.count = String(total);
+    if (!live) summary.textContent = "Drones unknown while not connected.";
+    else if (total === 0) summary.textContent = "No drones online.";
+    else summary.textContent = `${total} online · ${busy} busy · ${total - busy} idle`;
+    summary.dataset.count = live ? String(total) : "";
   }
 
   async function load() {

@@ -123,7 +123,24 @@ export function createSessionEdits(list) {
     cancel.focus();
   }
 
+  /** The ids of the sessions listed after and before `li`, nearest first. */
+  function neighbours(li) {
+    const ids = [];
+    for (const step of ["nextElementSibling", "previousElementSibling"]) {
+      for (let item = li?.[step]; item; item = item[step]) {
+        const id = item.querySelector(".session")?.dataset.sessionId;
+        if (id) ids.push(id);
+      }
+    }
+    return ids;
+  }
+
   async function remove(sessionId) {
+    // Where the keyboard goes is decided now: the relay's `sessionRemoved` may come before its
+    // answer, and takes the item (and the focus with it) away.
+    const before = list.itemOf(sessionId);
+    const hadFocus = Boolean(before?.contains(document.activeElement)) && !list.isOpen(sessionId);
+    const near = neighbours(before);
     let res;
     list.deleting.add(sessionId);
     try {
@@ -139,12 +156,15 @@ export function createSessionEdits(list) {
       li?.querySelector('[data-action="delete"]')?.focus();
       return;
     }
-    // Focus moves on to the next session (or the search box), not to the page's start.
-    const hadFocus = li?.contains(document.activeElement) && !list.isOpen(sessionId);
-    const after = (li?.nextElementSibling ?? li?.previousElementSibling)?.querySelector(".session");
+    // Still where it was (on the item, or dropped with it), not moved on by the person meanwhile.
+    const active = document.activeElement;
+    const stillThere = active === null || active === document.body || Boolean(li?.contains(active));
     list.removed(sessionId, { byMe: true });
     toast("Session deleted.");
-    if (hadFocus) (after?.isConnected ? after : list.fallbackFocus).focus();
+    // Focus moves on to the next session (or the search box), not to the page's start.
+    if (!hadFocus || !stillThere) return;
+    const after = near.map((id) => list.itemOf(id)).find((item) => item?.isConnected);
+    (after?.querySelector(".session") ?? list.fallbackFocus).focus();
   }
 
   return { startRename, confirmDelete };

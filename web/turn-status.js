@@ -26,14 +26,22 @@ export function droneWords(drone, anyOnline) {
   return drone.online ? `for ${drone.label}` : `for ${drone.label} (offline)`;
 }
 
-/** How an ended turn ended, in a sentence; `me` is the person's user name. */
-export function endWords({ status, reason, endedBy, result }, me) {
+/** Whether a turn ever started: a drone took it (one put back in line was let go again). */
+export function everStarted(turn) {
+  return Boolean(turn.droneId);
+}
+
+/** How an ended turn ended, in a sentence; `me` is the person's user name. A turn stopped
+ * while it waited in line was cancelled: it never started, so nothing of it was aborted. */
+export function endWords(turn, me) {
+  const { status, reason, endedBy, result } = turn;
   if (status === "finished") return "Finished";
   if (status === "error") return result ? `Error: ${result}` : "Error: the turn failed.";
+  const started = everStarted(turn);
   switch (reason) {
     case "aborted":
-      if (!endedBy || endedBy === me) return "The turn was aborted by you.";
-      return `Aborted by ${endedBy}.`;
+      if (!endedBy || endedBy === me) return started ? "The turn was aborted by you." : "Cancelled before it started.";
+      return started ? `Aborted by ${endedBy}.` : `Cancelled by ${endedBy} before it started.`;
     case "operator":
       return "The drone's operator stopped it.";
     case "shutdown":
@@ -44,7 +52,7 @@ export function endWords({ status, reason, endedBy, result }, me) {
       return "Aborted: its person's account was removed.";
     default:
       // Said until `turnEnded` tells why (it follows at once), and for turns stored without a reason.
-      return "The turn was aborted.";
+      return started ? "The turn was aborted." : "Cancelled before it started.";
   }
 }
 

@@ -5,6 +5,7 @@ the turn has ended, also when the drone is slow to answer."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.browser.test_page import (
     SLOW,
     WAIT_MS,
     assert_idle_controls,
+    assert_not_red,
     has_class,
     open_hangar,
     submit,
@@ -27,6 +29,8 @@ from tests.browser.test_page import (
 from tests.conftest import RelayHandle, Upstream
 
 pytestmark = pytest.mark.browser
+
+CANCELLED_STATUS = "Cancelled before it started."
 
 # A tall answer: one paragraph per line, slow enough to act on while it streams (~6 s).
 TALL = Reply(chunks=[f"Line {i} of a tall answer.\n\n" for i in range(200)], delay=0.03)
@@ -231,3 +235,34 @@ async def test_aborting_shows_from_the_click_until_a_slow_drone_ends_the_turn(
         assert seen["most"] == 1, seen
         assert seen["texts"] == ["Press Esc again to abort", "Aborting…"], seen
         await expect(page.locator("#prompt")).to_be_focused()
+
+
+async def test_a_queued_turn_cancelled_before_it_started_reads_cancelled_not_aborted(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:  # one slot: the first turn takes it
+        await open_hangar(page, relay)
+        first = await submit(page, "Take the only drone")
+        first_turn = await drone.next_order()
+        await expect(first).to_have_class(has_class("processing"))
+        first_session = await page.evaluate("() => window.hangar.currentSessionId()")
+
+        await page.click("#new-session")
+        waiting = await submit(page, "Wait in line, then be cancelled")
+        await expect(waiting).to_have_class(has_class("queued"))
+        await waiting.get_by_role("button", name="Cancel queued turn").click()
+        await expect(waiting).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+        await expect(waiting.locator(".turn-status")).to_have_text(CANCELLED_STATUS)
+        await expect(page.locator("#announcer")).to_have_text("Turn cancelled before it started.")
+        await assert_not_red(waiting)
+
+        await page.reload()  # the relay's snapshot of it says the same
+        await expect(waiting.locator(".turn-status")).to_have_text(CANCELLED_STATUS)
+        await assert_not_red(waiting)
+
+        # The turn that had started is aborted, and says so.
+        await page.locator(f'#sessions [data-session-id="{first_session}"]').click()
+        await page.click("#cancel")
+        await asyncio.wait_for(drone.abort_asked.wait(), WAIT_MS / 1000)
+        await drone.complete(first_turn, True, "aborted")
+        await expect(first.locator(".turn-status")).to_have_text(ABORTED_STATUS)

@@ -19,6 +19,7 @@ from bench.peers import OpenAIPeer, Reply
 from bench.services import free_port
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
+from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, stored, submit, turn_id_of
 from tests.conftest import DRONE_TOKEN, People, RelayHandle, Upstream, eventually, relay_folder
 
@@ -37,7 +38,13 @@ class RestartableRelay:
     runner: web.AppRunner
 
     async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def stop(self) -> None:
         await self.runner.cleanup()
+
+    async def start(self) -> None:
         self.runner, _ = await start_relay(self.handle.config)
         self.handle.relay = self.runner.app[RELAY]
         self.handle.people = People(self.handle.relay.accounts)
@@ -139,3 +146,25 @@ async def test_a_relay_restart_mid_turn_never_shows_less_text_and_the_turn_finis
     assert not shrinks, f"the answer got shorter: {shrinks[:5]} (of {len(lengths)} samples)"
     assert lengths[-1] == len(REPLY.text)
     assert (await stored(relay, turn_id, "finished")).text == REPLY.text
+
+
+async def test_during_an_outage_the_drones_are_unknown_and_after_it_the_relays_word(
+    page: Page, relay: RelayHandle, restartable: RestartableRelay
+) -> None:
+    summary = page.locator("#drone-summary")
+    connection = page.locator("#connection")
+    async with HandDrone(relay.url, drone_id="before"):
+        await open_hangar(page, relay)
+        await expect(summary).to_have_text("1 online · 0 busy · 1 idle")
+
+        await restartable.stop()
+        await expect(page.locator("#connection-label")).to_have_text("Reconnecting…")
+        await expect(summary).to_have_text("Drones unknown while not connected.")
+        await expect(page.locator("#drone option", has_text="before")).not_to_contain_text("idle")
+
+    # Back without that drone: the page says so, then sees the next one come.
+    await restartable.start()
+    await expect(connection).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+    await expect(summary).to_have_text("No drones online.")
+    async with HandDrone(relay.url, drone_id="after"):
+        await expect(summary).to_have_text("1 online · 0 busy · 1 idle")

@@ -148,6 +148,56 @@ async def test_deleting_a_session_asks_first_then_removes_it_everywhere(
     assert await listed(page) == [ids[0]]
 
 
+# The relay's `sessionRemoved` comes before its answer to the deletion; this holds the news back
+# until just after the answer, the other order a busy relay or network could make.
+NEWS_AFTER_ANSWER = """() => {
+    const socket = window.hangar.socket;
+    const held = [];
+    const onevent = socket.onevent.bind(socket);
+    const onack = socket.onack.bind(socket);
+    socket.onevent = (packet) => {
+        if (packet.data?.[0] === "sessionRemoved") held.push(packet);
+        else onevent(packet);
+    };
+    socket.onack = (packet) => {
+        onack(packet);
+        setTimeout(() => held.splice(0).forEach(onevent));
+    };
+}"""
+
+
+@pytest.mark.parametrize("order", ["news-first", "answer-first"])
+async def test_deleting_a_session_from_the_keyboard_moves_the_focus_to_the_next_one(
+    page: Page, relay: RelayHandle, order: str
+) -> None:
+    ids = await open_with(page, relay, ["First", "Second", "Third"])
+    if order == "answer-first":
+        await page.evaluate(NEWS_AFTER_ANSWER)
+    dialog = page.get_by_role("dialog", name="Delete this session?")
+
+    delete = page.get_by_role("button", name="Delete session: Second")
+    await delete.focus()
+    await page.keyboard.press("Enter")
+    await expect(dialog.get_by_role("button", name="Cancel")).to_be_focused()
+    await page.keyboard.press("Tab")
+    await expect(dialog.get_by_role("button", name="Delete")).to_be_focused()
+    await page.keyboard.press("Enter")
+
+    await expect(item(page, ids[1])).to_have_count(0)
+    await expect(page.locator("#toasts")).to_contain_text("Session deleted.")
+    await expect(item(page, ids[2])).to_be_focused()  # the next session, not the page's start
+    assert await listed(page) == [ids[0], ids[2]]
+
+    # The last one listed: the keyboard goes to the one before it.
+    await page.keyboard.press("Tab")  # to its Rename button
+    await page.keyboard.press("Tab")  # to its Delete button
+    await expect(page.get_by_role("button", name="Delete session: Third")).to_be_focused()
+    await page.keyboard.press("Enter")
+    await dialog.get_by_role("button", name="Delete").click()
+    await expect(item(page, ids[2])).to_have_count(0)
+    await expect(item(page, ids[0])).to_be_focused()
+
+
 async def test_a_session_whose_turn_waits_is_not_deleted_and_the_page_says_why(
     page: Page, relay: RelayHandle
 ) -> None:
