@@ -20,7 +20,7 @@ import pytest
 import socketio
 
 from bench.peers import OllamaPeer, OpenAIPeer, UpstreamPeer
-from bench.services import OwnRedis
+from bench.services import OwnPostgres, OwnRedis
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.access import LOGIN_COOKIE
@@ -492,6 +492,16 @@ def own_redis() -> Iterator[OwnRedis]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+async def own_postgres() -> AsyncIterator[OwnPostgres]:
+    """A PostgreSQL cluster of the test's own, which it may kill and start again."""
+    server = OwnPostgres()
+    await asyncio.to_thread(server.init)
+    await asyncio.to_thread(server.start)
+    yield server
+    await asyncio.to_thread(server.remove)
 
 
 def ci() -> bool:

@@ -863,15 +863,6 @@ async def test_an_abort_through_another_relay_while_redis_is_down_still_stops_th
         await store.close()
 
 
-@pytest.fixture
-async def own_postgres() -> AsyncIterator[OwnPostgres]:
-    server = OwnPostgres()
-    await asyncio.to_thread(server.init)
-    await asyncio.to_thread(server.start)
-    yield server
-    await asyncio.to_thread(server.remove)
-
-
 async def test_a_postgres_crash_delays_endings_but_loses_none(
     own_postgres: OwnPostgres,
     openai_peer: OpenAIPeer,

@@ -5,6 +5,9 @@ import { IDE_NAMESPACE, LOGGED_OUT, NOT_LOGGED_IN } from "./protocol.js";
 import { byId, toast } from "./ui.js";
 
 const ACK_TIMEOUT_MS = 15000;
+/** A refusal that is not for good (the relay's database did not answer): tried again after
+ * 2-4 s, spread so that a relay's pages do not all come back at once. */
+const AGAIN_AFTER_MS = [2000, 4000];
 
 export const socket = io(IDE_NAMESPACE);
 
@@ -51,6 +54,14 @@ export function watchConnection(onConnect) {
   socket.on("connect_error", (err) => {
     if (err?.message === NOT_LOGGED_IN) {
       goToLogin();
+      return;
+    }
+    if (err?.data?.again && !socket.active) {
+      show("reconnecting", "Reconnecting…");
+      const [low, high] = AGAIN_AFTER_MS;
+      setTimeout(() => {
+        if (!socket.connected && !socket.active) socket.connect();
+      }, low + Math.random() * (high - low));
       return;
     }
     if (socket.active) {
