@@ -4,6 +4,7 @@ LLM upstream peers. Everything talks over loopback sockets; nothing of Hangar is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import re
@@ -107,10 +108,19 @@ async def relay(
         drone_grace=0.5,
         ping=relay_ping,
     )
+    async with relay_on(config) as relay:
+        yield relay
+
+
+@contextlib.asynccontextmanager
+async def relay_on(config: RelayConfig) -> AsyncIterator[RelayHandle]:
+    """A relay in this process with ``config``, stopped on the way out."""
     runner, port = await start_relay(config)
     relay = runner.app[RELAY]
-    yield RelayHandle(f"http://127.0.0.1:{port}", relay, config, People(relay.accounts))
-    await runner.cleanup()
+    try:
+        yield RelayHandle(f"http://127.0.0.1:{port}", relay, config, People(relay.accounts))
+    finally:
+        await runner.cleanup()
 
 
 @pytest.fixture

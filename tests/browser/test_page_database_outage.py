@@ -12,10 +12,9 @@ import pytest
 from playwright.async_api import Page, expect
 
 from bench.services import OwnPostgres
-from hangar.server.app import RELAY, RelayConfig
-from hangar.server.cli import start_relay
+from hangar.server.app import RelayConfig
 from tests.browser.test_page import WAIT_MS, open_hangar
-from tests.conftest import People, RelayHandle, eventually
+from tests.conftest import RelayHandle, eventually, relay_on
 
 pytestmark = pytest.mark.browser
 
@@ -23,11 +22,8 @@ pytestmark = pytest.mark.browser
 @pytest.fixture
 async def relay(own_postgres: OwnPostgres) -> AsyncIterator[RelayHandle]:
     """The browser fixtures' relay, on a PostgreSQL of the test's own."""
-    config = RelayConfig(port=0, database=own_postgres.url)
-    runner, port = await start_relay(config)
-    relay = runner.app[RELAY]
-    yield RelayHandle(f"http://127.0.0.1:{port}", relay, config, People(relay.accounts))
-    await runner.cleanup()
+    async with relay_on(RelayConfig(port=0, database=own_postgres.url)) as relay:
+        yield relay
 
 
 async def test_a_page_cut_off_during_a_database_outage_comes_back_by_itself(

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Locator, Page, expect
 
-from hangar.server.app import RELAY, RelayConfig
-from hangar.server.cli import start_relay
+from hangar.server.app import RelayConfig
 from tests.browser.conftest import artifact, assert_no_sideways_scroll, log_in
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, submit, turn_id_of
 from tests.browser.test_page_approvals import waiting
-from tests.conftest import DRONE_TOKEN, People, RelayHandle, relay_folder
+from tests.conftest import DRONE_TOKEN, RelayHandle, relay_folder, relay_on
 
 pytestmark = pytest.mark.browser
 
@@ -56,10 +55,8 @@ async def relay(
         demo_user=DEMO_USER,
         ping=relay_ping,
     )
-    runner, port = await start_relay(config)
-    relay = runner.app[RELAY]
-    yield RelayHandle(f"http://127.0.0.1:{port}", relay, config, People(relay.accounts))
-    await runner.cleanup()
+    async with relay_on(config) as relay:
+        yield relay
 
 
 @contextlib.asynccontextmanager
