@@ -32,7 +32,7 @@ from hangar.shared.protocol import (
     WorkOrder,
 )
 
-from . import queue
+from . import queue, session_tools
 from .background import Background
 from .directory import SENDS, DroneDirectory, DroneMoved
 from .histories import Histories
@@ -168,7 +168,7 @@ class Dispatcher:
         if route is None:
             await self._back_in_line(turn, "The drone left before it got the work order.")
             return
-        approved = await self.live_state.approved_tools(turn.session_id)
+        approved = await session_tools.approved_tools(self.store, turn.session_id)
         order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
         answer = await self._send(order, route)
         if order.history_base is not None and _refusal(answer) == HISTORY_MISS:

@@ -163,11 +163,6 @@ class LiveState(Protocol):
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         """What ``keep_sub_agent`` kept of the turn, in order."""
 
-    async def approve_always(self, session_id: str, tool: str) -> None:
-        """The person approved ``tool`` for the rest of the session."""
-
-    async def approved_tools(self, session_id: str) -> list[str]: ...
-
     async def abort_started(self, turn_id: str) -> None: ...
 
     async def abort_answered(self, turn_id: str) -> None: ...
@@ -186,7 +181,6 @@ class LocalLiveState:
         self.calls: dict[str, dict[str, dict[str, Any]]] = {}
         self.subs: dict[str, list[dict[str, Any]]] = {}
         self.sub_chars: dict[str, int] = {}
-        self.always: dict[str, set[str]] = {}
 
     async def start(self) -> None:
         return None
@@ -276,12 +270,6 @@ class LocalLiveState:
 
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         return list(self.subs.get(turn_id, ()))
-
-    async def approve_always(self, session_id: str, tool: str) -> None:
-        self.always.setdefault(session_id, set()).add(tool)
-
-    async def approved_tools(self, session_id: str) -> list[str]:
-        return sorted(self.always.get(session_id, ()))
 
     async def abort_started(self, turn_id: str) -> None:
         self.aborts[turn_id] = asyncio.Event()

@@ -130,6 +130,7 @@ class PostgresTurnStore:
                 session_id,
             )
             await db.execute("DELETE FROM turns WHERE session_id = $1", session_id)
+            await db.execute("DELETE FROM session_tools WHERE session_id = $1", session_id)
             await db.execute("DELETE FROM sessions WHERE session_id = $1", session_id)
             return True
 

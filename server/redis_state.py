@@ -31,8 +31,8 @@ PRESENCE_FLOOR = 2 * HEARTBEAT + 2.0
 relay late by a beat, or whose Redis is slow, is not dead."""
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
-"""Seconds a turn's live text, waiting calls and sub-agent output, and a session's "always"
-approvals, are kept at most (a turn's go when it ends)."""
+"""Seconds a turn's live text, waiting calls and sub-agent output are kept at most (they go when
+the turn ends)."""
 ENDED_KEPT = 10_000
 """Endings the relays' stream of ended turns keeps (about: Redis trims it in whole blocks)."""
 CALL_TIMEOUT = 2.0
@@ -329,18 +329,6 @@ class RedisLiveState:
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         events = await self.redis.lrange(self.key("subagents", turn_id), 0, -1)
         return [json.loads(event) for event in events]
-
-    async def approve_always(self, session_id: str, tool: str) -> None:
-        key = self.key("always", session_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(key, tool)
-            pipe.expire(key, KEPT_FOR)
-            await pipe.execute()
-
-    async def approved_tools(self, session_id: str) -> list[str]:
-        return sorted(
-            _text(tool) for tool in await self.redis.smembers(self.key("always", session_id))
-        )
 
     async def abort_started(self, turn_id: str) -> None:
         with contextlib.suppress(*FAILURES):

@@ -210,6 +210,14 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
     ALTER TABLE turns ADD COLUMN request_id TEXT;
     CREATE UNIQUE INDEX turns_request ON turns (owner, request_id);
     """,
+    # "Always for this session": kept with the session, not in Redis or a relay's memory.
+    """
+    CREATE TABLE session_tools (
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        tool TEXT NOT NULL,
+        PRIMARY KEY (session_id, tool)
+    );
+    """,
 ]
 
 

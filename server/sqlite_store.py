@@ -170,6 +170,7 @@ class SqliteTurnStore:
                 (session_id,),
             )
             conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM session_tools WHERE session_id = ?", (session_id,))
             deleted = conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             return deleted.rowcount == 1
 

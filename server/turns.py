@@ -40,7 +40,7 @@ from hangar.shared.protocol import (
     ToolApproval,
 )
 
-from . import queue
+from . import queue, session_tools
 from .accounts import User
 from .directory import DroneDirectory
 from .dispatch import Dispatcher
@@ -331,7 +331,7 @@ class TurnLifecycle(TurnEndings):
         if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
             return {"ok": False, "error": "The drone gave an invalid answer."}
         if result["ok"] and answer.approve and answer.always:
-            await self.live_state.approve_always(turn.session_id, str(call["name"]))
+            await session_tools.approve_always(self.store, turn.session_id, str(call["name"]))
         log.info("tool call %s turn=%s approve=%s", answer.call_id, turn.turn_id, answer.approve)
         return {
             "ok": result["ok"],

@@ -3,6 +3,7 @@ across relays, and a drone with no sandbox, against real relays, drones and the 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from collections.abc import Callable
@@ -10,11 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from bench.services import free_port
 from hangar.drone.approvals import DECLINED, not_allowed, unanswered
 from hangar.drone.tools.policy import ToolPolicy
+from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.accounts import Accounts
+from hangar.server.app import RelayConfig
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.turns import OWNER_APPROVES
+from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
@@ -22,7 +27,16 @@ from hangar.shared.protocol import (
     TOOL_CANCELLED,
     UNKNOWN_TURN,
 )
-from tests.conftest import Browser, People, RelayHandle, Upstream, eventually
+from tests.conftest import (
+    DRONE_TOKEN,
+    Browser,
+    People,
+    RelayHandle,
+    Upstream,
+    eventually,
+    relay_folder,
+    relay_on,
+)
 
 Start = Callable[..., Any]
 
@@ -300,3 +314,52 @@ async def _drones(browser: Browser) -> list[Any]:
     answer = await browser.call("listDrones", {})
     drones: list[Any] = answer["drones"]
     return drones
+
+
+async def test_always_for_this_session_outlives_a_restart_of_the_relay(
+    tmp_path: Path, openai_peer: OpenAIPeer
+) -> None:
+    """Kept with the session in the store: neither a relay's restart nor Redis restarted
+    empty (which kept it before) makes the tool ask again."""
+    config = RelayConfig(
+        port=free_port(),
+        database=str(relay_folder(tmp_path) / "hangar.db"),
+        drone_token=DRONE_TOKEN,
+        drone_grace=10.0,
+    )
+    openai_peer.script(
+        shell("echo one >> log.txt"), Reply(chunks=["Once."]),
+        shell("echo two >> log.txt"), Reply(chunks=["Again."]),
+    )  # fmt: skip
+    drone = DroneConfig(
+        server=f"http://127.0.0.1:{config.port}",
+        token=DRONE_TOKEN,
+        name="keeper",
+        tools=ToolPolicy.parse("run_shell=ask"),
+        workdir=str(tmp_path),
+        **Upstream("openai", openai_peer).drone_settings(),
+    )
+    root = AbortController()
+    running = asyncio.ensure_future(run_drone(drone, root))
+    try:
+        async with relay_on(config) as relay:
+            token = await relay.people.token("ada")
+            browser = await Browser(relay.url, token).connect()
+            await eventually(lambda: relay.relay.directory.local, 15, "the drone")
+            first = await browser.submit("Log once")
+            call = await waiting_call(browser, first["turnId"])
+            await answer(browser, first["turnId"], call["callId"], approve=True, always=True)
+            assert (await browser.completion(first["turnId"]))[2] == "Once."
+            await browser.close()
+
+        async with relay_on(config) as relay:  # the same file and port
+            browser = await Browser(relay.url, token).connect()
+            await eventually(lambda: relay.relay.directory.local, 15, "the drone back")
+            second = await browser.submit("Log again", sessionId=first["sessionId"])
+            assert (await browser.completion(second["turnId"]))[2] == "Again."
+            assert states(browser, second["turnId"]) == ["start", "end"]
+            await browser.close()
+    finally:
+        root.abort(AbortError("The test ends.", cause="operator"))
+        await asyncio.wait_for(running, 10)
+    assert (tmp_path / "log.txt").read_text().split() == ["one", "two"]
