@@ -102,6 +102,13 @@ def open_live_state(redis: str | None, prefix: str, presence: float = 0.0) -> Li
     return LocalLiveState()
 
 
+CLIENTS_DOING = (
+    "bad-origin", "bad-sid", "bad-transport", "bad-jsonp-index", "bad-upgrade", "not-connected",
+    "unexpected-http",
+)  # fmt: skip
+"""engine.io's names for the requests it refuses."""
+
+
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = RedisChannel(config.redis, config.deployment()) if config.redis else None
@@ -126,9 +133,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         if config.ping
         else max(2 * PING_FLOOR, config.drone_grace * 2 / 3),
     )
-    # A foreign origin is a client's doing, not the relay's failure: engine.io logs it at INFO,
-    # not at ERROR the first time.
-    sio.eio.log_message_keys.add("bad-origin")
+    # A foreign origin, an unknown or closed session, a bad transport: a client's doing, not the
+    # relay's failure. engine.io logs them at INFO, not at ERROR the first time.
+    sio.eio.log_message_keys.update(CLIENTS_DOING)
     app = web.Application(middlewares=[answer_unavailable])
     sio.attach(app)
     relay = Relay(
