@@ -22,12 +22,15 @@ import asyncio
 import html
 import ipaddress
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any, Literal
 
+import asyncpg
+import redis
 from aiohttp import web
 
 from .accounts import API_TOKEN_PREFIX, LOGIN_SECONDS, Accounts, Revocation, User, token_hash
@@ -35,6 +38,7 @@ from .connections import UNAVAILABLE
 from .limits import QuietLog
 
 log = logging.getLogger("hangar.relay")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 revocation_failures = QuietLog(log)
 request_failures = QuietLog(log)
 
@@ -57,24 +61,34 @@ class Credential:
     """When a login expires (``time.time()``); an API token lasts until it is revoked."""
 
 
-@web.middleware
-async def answer_unavailable(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+OUTAGES: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    sqlite3.Error,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    redis.RedisError,
+)
+"""What a database or Redis that does not answer raises (refused, reset, timed out)."""
+
+
+def answer_unavailable(handler: Handler) -> Handler:
     """A page, login or logout asked for while the database (or Redis) does not answer: 503
     and one sentence, logged once per outage, not a traceback."""
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception as error:
-        request_failures.warning(
-            "request not answered path=%s (%s: %s)",
-            request.path,
-            type(error).__name__,
-            str(error)[:200],
-        )
-        return web.Response(status=503, text=UNAVAILABLE, headers={"Retry-After": "5"})
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except OUTAGES as error:
+            request_failures.warning(
+                "request not answered path=%s (%s: %s)",
+                request.path,
+                type(error).__name__,
+                str(error)[:200],
+            )
+            return web.Response(status=503, text=UNAVAILABLE, headers={"Retry-After": "5"})
+
+    return answer
 
 
 def is_loopback(host: str) -> bool:
@@ -239,10 +253,10 @@ class Access:
             response.del_cookie(LOGIN_COOKIE, path="/")
             raise response
 
-        app.router.add_get("/", index)
-        app.router.add_get("/login", login_page)
-        app.router.add_post("/login", login)
-        app.router.add_post("/logout", logout)
+        app.router.add_get("/", answer_unavailable(index))
+        app.router.add_get("/login", answer_unavailable(login_page))
+        app.router.add_post("/login", answer_unavailable(login))
+        app.router.add_post("/logout", answer_unavailable(logout))
 
     def _login_page(
         self, page_dir: Path, error: str | None = None, status: int = 200, name: str = ""

@@ -84,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     }
     action = actions[(args.command, args.action)]
     prefix = f"hangar {args.command} {args.action}"
-    for key, value in vars(args).items():
-        if isinstance(value, str) and not _utf8(value):  # bytes a terminal could not decode
+    for key in ("name", "label"):  # bytes a terminal could not decode (a path may hold any)
+        value = getattr(args, key, None)
+        if isinstance(value, str) and not _utf8(value):
             print(f"{prefix}: {key} is not UTF-8 text: {value!r}.", file=sys.stderr)
             return 2
     password: str | None = None

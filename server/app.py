@@ -18,7 +18,7 @@ from aiohttp import web
 
 from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
 
-from .access import Access, answer_unavailable, follow_revocations
+from .access import Access, follow_revocations
 from .browsers import IdeNamespace
 from .channel import RedisChannel
 from .drones import DroneNamespace
@@ -136,7 +136,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     # A foreign origin, an unknown or closed session, a bad transport: a client's doing, not the
     # relay's failure. engine.io logs them at INFO, not at ERROR the first time.
     sio.eio.log_message_keys.update(CLIENTS_DOING)
-    app = web.Application(middlewares=[answer_unavailable])
+    app = web.Application()
     sio.attach(app)
     relay = Relay(
         store,

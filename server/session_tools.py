@@ -7,10 +7,13 @@ from .store import Database
 
 
 async def approve_always(db: Database, session_id: str, tool: str) -> None:
+    """Keep ``tool`` approved for the session (none once the session was deleted)."""
     await db.execute(
-        "INSERT INTO session_tools (session_id, tool) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        "INSERT INTO session_tools (session_id, tool) SELECT ?, ?"
+        " WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id = ?) ON CONFLICT DO NOTHING",
         session_id,
         tool,
+        session_id,
     )
 
 

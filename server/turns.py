@@ -331,7 +331,10 @@ class TurnLifecycle(TurnEndings):
         if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
             return {"ok": False, "error": "The drone gave an invalid answer."}
         if result["ok"] and answer.approve and answer.always:
-            await session_tools.approve_always(self.store, turn.session_id, str(call["name"]))
+            try:  # the call runs already: a store that fails now loses only the "always"
+                await session_tools.approve_always(self.store, turn.session_id, str(call["name"]))
+            except Exception as error:
+                log.warning("always not kept turn=%s (%s)", turn.turn_id, brief(error))
         log.info("tool call %s turn=%s approve=%s", answer.call_id, turn.turn_id, answer.approve)
         return {
             "ok": result["ok"],

@@ -101,7 +101,7 @@ class OllamaProvider:
                 message = part.message
                 if message.content:
                     yield TextChunk(message.content)
-                elif message.thinking:
+                elif getattr(message, "thinking", None):  # ollama-python 0.5 and later
                     yield HEARD
                 for call in message.tool_calls or []:
                     count += 1
