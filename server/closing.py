@@ -18,20 +18,21 @@ ANSWERS_NO_CALL = "This tool result answers no call of the turn."
 CALLS_UNANSWERED = "The turn's tool calls need their results before the next message."
 SAME_CALL_ID = "Two tool calls of the message have one id."
 
-Shape = tuple[str, str | None, str]
-"""What the order of a conversation depends on in a message: its role, the call it answers and
-the ids of the calls it makes, as a JSON array."""
+Shape = tuple[str, str | None, str, int | None]
+"""What the order of a conversation depends on in a message: its role, the call it answers, the
+ids of the calls it makes (a JSON array), and its number among the drone's messages."""
 
 SHAPES = {
     "sqlite": (
         "SELECT json_extract(body, '$.role'), json_extract(body, '$.toolCallId'),"
         " (SELECT json_group_array(json_extract(value, '$.id'))"
-        " FROM json_each(body, '$.toolCalls')) FROM messages WHERE turn_id = ? ORDER BY message_id"
+        " FROM json_each(body, '$.toolCalls')), number"
+        " FROM messages WHERE turn_id = ? ORDER BY message_id"
     ),
     "postgres": (
         "SELECT body->>'role', body->>'toolCallId', (SELECT coalesce(jsonb_agg(c->'id'), '[]')"
         " FROM jsonb_array_elements(CASE jsonb_typeof(body->'toolCalls') WHEN 'array'"
-        " THEN body->'toolCalls' ELSE '[]' END) c)::text"
+        " THEN body->'toolCalls' ELSE '[]' END) c)::text, number"
         " FROM messages WHERE turn_id = $1 ORDER BY message_id"
     ),
 }
@@ -39,28 +40,26 @@ SHAPES = {
 checked against, without reading each message whole."""
 
 
-def shape(message: ChatMessage) -> Shape:
-    return message.role, message.tool_call_id, json.dumps([c.id for c in message.tool_calls or ()])
-
-
 def unstored(
     stored: Sequence[Shape], numbered: Sequence[tuple[int | None, ChatMessage]]
-) -> list[ChatMessage]:
+) -> tuple[list[ChatMessage], list[int | None]]:
     """Of a drone's numbered messages, those a turn whose messages are ``stored`` (its user
-    message first) lacks: one sent again after a lost answer is stored once. A message that
-    would not follow the turn's conversation (a tool result that answers no waiting call, the
-    model speaking before its calls have their results, a person's or system message) raises
-    ``MessageRefused``: the history stays one a model accepts."""
+    message first) lacks, with their numbers: one sent again after a lost answer is stored
+    once. A message that would not follow the turn's conversation (a tool result that answers
+    no waiting call, the model speaking before its calls have their results, a person's or
+    system message) raises ``MessageRefused``: the history stays one a model accepts."""
     waiting: set[str] = set()  # the calls of the last message that makes any, unanswered
-    for role, answers, calls in stored:
+    for role, answers, calls, _ in stored:
         if role == "tool":
             waiting.discard(answers or "")
         elif calls != "[]":
             waiting = set(json.loads(calls))
-    count = len(stored)
+    numbers = {number for *_, number in stored if number is not None}
+    count = len(stored)  # a turn stored before messages kept their numbers goes by its count
     fresh: list[ChatMessage] = []
+    kept: list[int | None] = []
     for number, message in numbered:
-        if number is not None and number < count - 1:
+        if number is not None and (number in numbers or (not numbers and number < count - 1)):
             continue
         ids = [call.id for call in message.tool_calls or ()]
         if message.role == "tool":
@@ -76,8 +75,11 @@ def unstored(
         else:
             waiting = set(ids)
         fresh.append(message)
+        kept.append(number)
+        if number is not None:
+            numbers.add(number)
         count += 1
-    return fresh
+    return fresh, kept
 
 
 def closing_messages(

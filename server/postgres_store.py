@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +17,7 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, shape, unstored
+from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -195,9 +196,8 @@ class PostgresTurnStore:
             if status != "processing":
                 return False
             # One sent again after a lost ack is stored already; one out of place is refused.
-            stored = await db.fetch(SHAPES["postgres"], turn_id)
-            fresh = unstored([tuple(row) for row in stored], [(number, message)])
-            await _insert_messages(db, turn_id, fresh)
+            stored = [tuple(row) for row in await db.fetch(SHAPES["postgres"], turn_id)]
+            await _insert_messages(db, turn_id, *unstored(stored, [(number, message)]))
             return True
 
     async def fill_text(self, turn_id: str, text: str) -> bool:
@@ -240,8 +240,9 @@ class PostgresTurnStore:
             if ending.messages:  # a drone's: only a turn it runs takes them
                 if status != "processing":
                     return None
-                fresh = unstored([shape(m) for m in messages], ending.messages)
-                await _insert_messages(db, turn_id, fresh)
+                stored = [tuple(row) for row in await db.fetch(SHAPES["postgres"], turn_id)]
+                fresh, numbers = unstored(stored, ending.messages)
+                await _insert_messages(db, turn_id, fresh, numbers)
                 messages += fresh
             added, text = closing_messages(messages, _pg(ending.text) or "", ending.status)
             values = _texts(end_turn_values(turn_id, replace(ending, text=text), from_statuses))
@@ -298,11 +299,15 @@ class PostgresTurnStore:
         return turns
 
 
-async def _insert_messages(db: Any, turn_id: str, messages: list[ChatMessage]) -> None:
+async def _insert_messages(
+    db: Any, turn_id: str, messages: list[ChatMessage], numbers: Sequence[int | None] = ()
+) -> None:
+    """Store ``messages``; a drone's with their ``numbers``."""
     if messages:
+        rows = zip(messages, numbers or [None] * len(messages), strict=True)
         await db.executemany(
-            "INSERT INTO messages (turn_id, body) VALUES ($1, $2::jsonb)",
-            [(turn_id, json.dumps(_without_nul(m.wire()))) for m in messages],
+            "INSERT INTO messages (turn_id, body, number) VALUES ($1, $2::jsonb, $3)",
+            [(turn_id, json.dumps(_without_nul(m.wire())), n) for m, n in rows],
         )
 
 

@@ -218,6 +218,8 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
         PRIMARY KEY (session_id, tool)
     );
     """,
+    # A drone's message keeps its number: one sent again is known by it, also after a refusal.
+    "ALTER TABLE messages ADD COLUMN number INTEGER;",
 ]
 
 

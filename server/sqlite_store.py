@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, shape, unstored
+from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_file import refuse_foreign, relay_lock
@@ -38,6 +38,7 @@ from .store import (
 )
 
 T = TypeVar("T")
+Numbers = Sequence[int | None]
 
 MIGRATIONS = migrations("sqlite")
 
@@ -242,8 +243,7 @@ class SqliteTurnStore:
                 return False
             # One sent again after a lost ack is stored already; one out of place is refused.
             stored = conn.execute(SHAPES["sqlite"], (turn_id,)).fetchall()
-            fresh = unstored(stored, [(number, message)])
-            _insert_messages(conn, turn_id, fresh)
+            _insert_messages(conn, turn_id, *unstored(stored, [(number, message)]))
             return True
 
         return await self._write(add)
@@ -284,10 +284,10 @@ class SqliteTurnStore:
                 ).fetchone()
                 if found is None or found["status"] != "processing":
                     return None
-            messages = _messages_of(conn, turn_id)  # read only once the ending may apply
-            fresh = unstored([shape(m) for m in messages], ending.messages)
-            _insert_messages(conn, turn_id, fresh)
-            messages += fresh
+            stored = conn.execute(SHAPES["sqlite"], (turn_id,)).fetchall()
+            fresh, numbers = unstored(stored, ending.messages)  # once the ending may apply
+            _insert_messages(conn, turn_id, fresh, numbers)
+            messages = _messages_of(conn, turn_id)
             added, text = closing_messages(messages, ending.text, ending.status)
             values = end_turn_values(turn_id, replace(ending, text=text), from_statuses)
             row = conn.execute(sql, values).fetchone()
@@ -368,12 +368,15 @@ def _statements(script: str) -> list[str]:
     return found
 
 
-def _insert_messages(conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage]) -> None:
-    if messages:
-        conn.executemany(
-            "INSERT INTO messages (turn_id, body) VALUES (?, ?)",
-            [(turn_id, json.dumps(m.wire())) for m in messages],
-        )
+def _insert_messages(
+    conn: sqlite3.Connection, turn_id: str, messages: list[ChatMessage], numbers: Numbers = ()
+) -> None:
+    """Store ``messages``; a drone's with their ``numbers``."""
+    rows = zip(messages, numbers or [None] * len(messages), strict=True)
+    conn.executemany(
+        "INSERT INTO messages (turn_id, body, number) VALUES (?, ?, ?)",
+        [(turn_id, json.dumps(m.wire()), n) for m, n in rows],
+    )
 
 
 def _messages_of(conn: sqlite3.Connection, turn_id: str) -> list[ChatMessage]:

@@ -331,6 +331,30 @@ async def test_a_drones_message_out_of_place_in_the_conversation_is_refused_and_
     assert turn.messages == [ChatMessage(role="user", content="Hi"), asked, two, one, final]
 
 
+async def test_a_message_sent_again_is_stored_once_also_after_one_was_refused(
+    store: TurnStore,
+) -> None:
+    """The drone numbers each message it sends, refused ones too: the relay knows a message
+    sent again by its number, not by how many it has stored."""
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    asked = ChatMessage(role="assistant", content="Look", tool_calls=[ToolCall(id="c1", name="f")])
+    stray = ChatMessage(role="tool", content="?", tool_call_id="c9")
+    answered = ChatMessage(role="tool", content="ok", tool_call_id="c1")
+    final = ChatMessage(role="assistant", content="Done")
+    assert await store.add_message("t_1", asked, 0)
+    with pytest.raises(MessageRefused):
+        await store.add_message("t_1", stray, 1)
+    for number, message in [(2, answered), (3, final), (3, final), (2, answered)]:
+        assert await store.add_message("t_1", message, number)  # the last two: acks lost
+    ending = Ending("finished", "done", "finished", messages=((3, final),))
+    assert await store.end_turn("t_1", ending) is not None
+
+    turn = await store.get_turn("t_1")
+    assert turn is not None
+    assert turn.messages == [ChatMessage(role="user", content="Hi"), asked, answered, final]
+
+
 async def test_text_a_relay_kept_past_the_ending_grows_the_cut_answer_instead_of_a_second_one(
     store: TurnStore,
 ) -> None:
