@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 import sys
 from typing import Any, BinaryIO
@@ -104,9 +105,10 @@ class WorkerProcess:
             stdout=asyncio.subprocess.PIPE,
             limit=READ_LIMIT,
             # A terminal's Ctrl-C is the drone's to handle (it aborts, then closes the pipes),
-            # not a worker's, which may still be loading: out of the terminal's process group
-            # (a session of its own: uvloop takes no ``process_group``).
-            start_new_session=True,
+            # not a worker's, which may still be loading: a process group of its own (uvloop
+            # takes no ``process_group``). Not a session of its own: Linux schedules each
+            # session's processes as a group, and the worker's lower priority would be lost.
+            preexec_fn=os.setpgrp,
         )
         self.process = process
         self.send(settings)
