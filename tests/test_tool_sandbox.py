@@ -220,6 +220,40 @@ async def test_a_sandboxed_command_has_no_capabilities_to_undo_its_read_only_mou
     assert planted.name not in os.listdir("/usr")
 
 
+KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+"""What of ``/proc`` changes the whole machine: a drone running as root stays root (uid 0) in
+its sandbox, and writing these needs no capability, only their owner's permission."""
+
+
+def on_this_machine(paths: tuple[str, ...]) -> list[str]:
+    return [path for path in paths if os.path.exists(path)]
+
+
+async def test_a_sandboxed_command_cannot_change_the_machines_kernel_settings(
+    sandbox: Sandbox, workdir: Path
+) -> None:
+    """A command of a drone running as root wrote the host's ``/proc/sys`` (a sysctl changed
+    for the whole machine; ``kernel/core_pattern`` runs a program as the host's root). Each
+    such part of ``/proc`` is read-only there; writing a setting's own value back shows it
+    without changing the machine whatever the outcome."""
+    setting = "/proc/sys/kernel/printk_ratelimit"
+    mounts = " ".join(KERNEL_SETTINGS)
+    option = "awk -v m=$m '$5 == m { split($6, o, \",\"); print m, o[1] }' /proc/self/mountinfo"
+    command = (
+        f"for m in {mounts}; do test -e $m || continue; {option}; done; "
+        f'v=$(cat {setting}) && (echo "$v" > {setting}) 2>/dev/null && echo wrote the setting; '
+        "echo checked"
+    )
+
+    result = await shell(workdir, command, sandbox)
+
+    seen = dict(line.split() for line in result.splitlines() if line.startswith("/proc"))
+    assert "wrote the setting" not in result, result
+    assert result.endswith("checked\n"), result
+    present = on_this_machine(KERNEL_SETTINGS)
+    assert present and {m: seen.get(m) for m in present} == dict.fromkeys(present, "ro")
+
+
 async def test_a_sandboxed_command_has_namespaces_of_its_own_and_cannot_make_more(
     sandbox: Sandbox, workdir: Path
 ) -> None:

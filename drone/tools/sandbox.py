@@ -3,9 +3,10 @@ unconfined but still reaped.
 
 In the sandbox (``bwrap``) the command sees the work directory writable and nothing else
 writable: the system's programs (``/usr`` and a short list of ``/etc`` files) read-only, its own
-``/tmp`` (tmpfs), a minimal ``/proc`` and ``/dev``, no network unless allowed, its own PID, IPC,
-UTS, cgroup and user namespaces, no capabilities, and resource limits (``prlimit``). ``/root``,
-``/home``, the drone's own files and the drone's environment are not there.
+``/tmp`` (tmpfs), a minimal ``/proc`` (what sets the whole machine read-only) and ``/dev``, no
+network unless allowed, its own PID, IPC, UTS, cgroup and user namespaces, no capabilities, and
+resource limits (``prlimit``). ``/root``, ``/home``, the drone's own files and the drone's
+environment are not there.
 
 Every process a command starts ends with it: bwrap's PID namespace dies with its first process,
 and ``--die-with-parent`` kills it when the drone dies, even by SIGKILL. Without bubblewrap, a
@@ -36,6 +37,11 @@ SYSTEM_ETC = (
 )  # fmt: skip
 """What the sandbox sees of ``/etc``: enough for sh, coreutils, python3, git and TLS. Files that
 hold secrets or other users' settings (shadow, ssh, ssl/private, pip.conf, npmrc) stay out."""
+
+KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+"""The parts of ``/proc`` that set the whole machine, read-only in the sandbox: a drone run as
+root is still uid 0 there, and writing them asks only for their owner's permission, not a
+capability (``kernel/core_pattern`` would run a program as the host's root)."""
 
 NETWORK_ETC = ("resolv.conf",)
 """Added only when the network is allowed (name resolution)."""
@@ -115,6 +121,10 @@ class Sandbox:
         args += [
             "--size", str(self.limits.tmp_size), "--tmpfs", "/tmp",
             "--proc", "/proc",
+        ]  # fmt: skip
+        for name in KERNEL_SETTINGS:  # after --proc: over the sandbox's own /proc
+            args += ["--ro-bind-try", name, name]
+        args += [
             "--dev", "/dev",
             "--size", str(self.limits.shm_size), "--tmpfs", "/dev/shm",
             # The sandbox's root and /dev are memory too: nothing is written there (device
