@@ -61,7 +61,9 @@ class Approvals:
         rule = self.policy.rule(call.name)
         if rule == "deny":
             return not_allowed(call.name)
-        if rule == "allow" or call.name in self.always:
+        if rule == "allow" or (
+            call.name in self.always and call.name not in self.policy.ask_each_time
+        ):
             return None
         answer: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
         self.waiting[call.id] = Waiting(call, depth, answer)

@@ -86,6 +86,7 @@ def _tools_wire(tools: ToolSettings) -> dict[str, Any]:
     return {
         "workdir": str(tools.workdir),
         "policy": dict(tools.policy.rules),
+        "ask_each_time": sorted(tools.policy.ask_each_time),
         "approval_timeout": tools.approval_timeout,
         "sandbox": None if sandbox is None else {"bwrap": sandbox.bwrap, **asdict(sandbox.limits)},
         "network": tools.network,
@@ -99,7 +100,7 @@ def _tools_from(wire: dict[str, Any] | None) -> ToolSettings | None:
     sandbox = dict(wire["sandbox"]) if wire["sandbox"] is not None else None
     return ToolSettings(
         Path(wire["workdir"]),
-        policy=ToolPolicy(dict(wire["policy"])),
+        policy=ToolPolicy(dict(wire["policy"]), frozenset(wire["ask_each_time"])),
         approval_timeout=float(wire["approval_timeout"]),
         sandbox=None if sandbox is None else Sandbox(sandbox.pop("bwrap"), Limits(**sandbox)),
         network=bool(wire["network"]),

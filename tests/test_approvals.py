@@ -292,19 +292,37 @@ async def test_a_drone_with_no_sandbox_says_so_and_always_asks_before_a_command(
     browser: Browser,
     tmp_path: Path,
 ) -> None:
+    """Whatever ``--tools`` says, and whatever "Always for this session" said (on this drone,
+    or on a sandboxed one that ran the session before: the session keeps it): an "always"
+    still ran the session's later commands unconfined without asking."""
     # Only the virtualenv's programs on the PATH: bubblewrap cannot be found.
     path = str(Path(sys.executable).parent)
     assert shutil.which("bwrap", path=path) is None
-    openai_peer.script(shell("echo unconfined"), Reply(chunks=["Asked."]))
+    openai_peer.script(
+        shell("echo one"), shell("echo two"), Reply(chunks=["Asked."]),
+        shell("echo three"), Reply(chunks=["Asked again."]),
+    )  # fmt: skip
     drone_process(
         Upstream("openai", openai_peer), server=relay.url, tools="all=allow", env={"PATH": path}
     )
     await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
-    turn_id = (await browser.submit("Run a command"))["turnId"]
+    first = await browser.submit("Run a command")
+    turn_id = first["turnId"]
 
     call = await waiting_call(browser, turn_id)
-    assert await answer(browser, turn_id, call["callId"], approve=True) == {"ok": True}
+    assert await answer(browser, turn_id, call["callId"], approve=True, always=True) == {"ok": True}
+    second_call = await eventually(
+        lambda: [p for p in browser.progress(turn_id, "tool") if p["state"] == "waiting"][1:],
+        10,
+        "the second command waiting",
+    )
+    assert await answer(browser, turn_id, second_call[0]["callId"], approve=True) == {"ok": True}
     assert await browser.completion(turn_id) == (turn_id, True, "Asked.")
+    later = (await browser.submit("Once more", sessionId=first["sessionId"]))["turnId"]
+    call = await waiting_call(browser, later)
+    assert await answer(browser, later, call["callId"], approve=True) == {"ok": True}
+    assert await browser.completion(later) == (later, True, "Asked again.")
+    assert states(browser, later) == ["waiting", "start", "end"]
     log = (tmp_path / "proc-drone-0.log").read_text()
     lines = [line for line in log.splitlines() if "No sandbox available" in line]
     assert len(lines) == 1 and "bubblewrap not found" in lines[0], log

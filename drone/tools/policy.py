@@ -2,7 +2,8 @@
 
 A policy is written as the drone's operator gives it: ``run_shell=ask,write_file=ask,
 fetch_url=allow`` (``--tools``); tools it does not name keep their default. Where the machine has
-no sandbox for commands, ``run_shell`` asks whatever the policy says (unless it is denied).
+no sandbox for commands, ``run_shell`` asks before every command whatever the policy, or an
+"always" approval, says (unless it is denied).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ DEFAULT_RULES: dict[str, Rule] = {
 @dataclass(frozen=True)
 class ToolPolicy:
     rules: dict[str, Rule] = field(default_factory=lambda: dict(DEFAULT_RULES))
+    ask_each_time: frozenset[str] = frozenset()
+    """Tools that ask before every call, "Always for this session" notwithstanding."""
 
     @classmethod
     def parse(cls, text: str) -> ToolPolicy:
@@ -63,10 +66,11 @@ class ToolPolicy:
         return self.rules.get(name, "allow")
 
     def unconfined(self) -> ToolPolicy:
-        """The policy on a machine with no sandbox: commands always wait for a person."""
+        """The policy on a machine with no sandbox: each command waits for a person, also
+        after "Always for this session" (given here, or on a sandboxed drone before)."""
         if self.rule("run_shell") == "deny":
             return self
-        return ToolPolicy({**self.rules, "run_shell": "ask"})
+        return ToolPolicy({**self.rules, "run_shell": "ask"}, frozenset({"run_shell"}))
 
     def describe(self) -> str:
         return ",".join(f"{name}={self.rule(name)}" for name in TOOL_NAMES)
