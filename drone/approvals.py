@@ -40,6 +40,7 @@ class Waiting:
     call: ToolCall
     depth: int
     answer: asyncio.Future[tuple[bool, bool]]
+    signal: AbortSignal
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Approvals:
         ):
             return None
         answer: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
-        self.waiting[call.id] = Waiting(call, depth, answer)
+        self.waiting[call.id] = Waiting(call, depth, answer, signal)
         try:
             await report.tool(call, "waiting", depth)
             async with signal.scope(self.timeout):
@@ -85,7 +86,7 @@ class Approvals:
     def decide(self, call_id: str, approve: bool, always: bool) -> str | None:
         """A person's answer; None once taken, else why not."""
         waiting = self.waiting.get(call_id)
-        if waiting is None or waiting.answer.done():
-            return NO_SUCH_CALL
+        if waiting is None or waiting.answer.done() or waiting.signal.aborted:
+            return NO_SUCH_CALL  # an answer racing an abort: the call is cancelled
         waiting.answer.set_result((approve, always))
         return None

@@ -187,6 +187,7 @@ class WorkerPool:
         if mode == "after_step":
             return True, STOP_AFTER_STEP
         assigned.aborted = True
+        assigned.waiting.clear()  # cancelled: an answer racing the abort is refused
         return True, ABORT_SIGNALED
 
     def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
@@ -362,7 +363,7 @@ class WorkerPool:
             await assigned.report.message(ChatMessage.model_validate(event[2]))
         elif kind == "tool":
             call, state, depth = ToolCall.model_validate(event[2]), event[3], event[4]
-            if state == "waiting":
+            if state == "waiting" and not assigned.aborted:
                 assigned.waiting[call.id] = (call, depth)
             else:
                 assigned.waiting.pop(call.id, None)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import free_port
 from hangar.drone.approvals import DECLINED, not_allowed, unanswered
@@ -184,6 +186,38 @@ async def test_an_abort_while_a_call_waits_ends_the_turn_at_once_with_a_valid_hi
     next_turn = await browser.submit("Go on", sessionId=ack["sessionId"])
     assert (await browser.completion(next_turn["turnId"]))[2] == "Fine."
     assert not [r for r in openai_peer.requests if r.rejected]
+
+
+@pytest.mark.parametrize("workers", [1, 0], ids=["worker process", "in the drone"])
+async def test_an_approval_racing_an_abort_is_refused_and_nothing_is_remembered(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+    workers: int,
+) -> None:
+    """Sent in the same instant as the abort, an approval with "always" was answered
+    ``{ok: true}`` and the tool was remembered for the session, though its call was cancelled
+    and never ran."""
+    openai_peer.script(shell("touch never"), shell("touch later"), Reply(chunks=["Asked."]))
+    await asking_drone(start_drone, openai_peer, tmp_path, workers=workers)
+    ack = await browser.submit("Wait for me")
+    call = await waiting_call(browser, ack["turnId"])
+
+    aborted, approved = await asyncio.gather(
+        browser.abort(ack["turnId"]),
+        answer(browser, ack["turnId"], call["callId"], approve=True, always=True),
+    )
+
+    assert aborted == (True, ABORT_SIGNALED)
+    assert approved == {"ok": False, "error": NO_SUCH_CALL}
+    assert await browser.completion(ack["turnId"]) == (ack["turnId"], True, ABORTED)
+    assert states(browser, ack["turnId"]) == ["waiting", "cancelled"]
+    later = await browser.submit("Go on", sessionId=ack["sessionId"])
+    await waiting_call(browser, later["turnId"])  # it asks: nothing was remembered
+    assert await browser.abort(later["turnId"]) == (True, ABORT_SIGNALED)
+    assert not (tmp_path / "never").exists() and not (tmp_path / "later").exists()
 
 
 async def test_a_call_nobody_answers_is_declined_after_the_wait(
