@@ -101,6 +101,35 @@ async def test_long_output_keeps_its_head_and_its_tail(workdir: Path) -> None:
     assert tail.endswith("199999\n200000\nthe end\n")
 
 
+EURO = "\\342\\202\\254"
+"""'€' in UTF-8, for printf: three bytes."""
+
+
+def xs(count: int) -> str:
+    return f"head -c {count} /dev/zero | tr '\\0' x"
+
+
+@pytest.mark.parametrize(
+    ("command", "ending"),
+    [
+        (f"{xs(17999)}; printf '{EURO}END'", "x€END"),
+        (f"{xs(17999)}; printf '{EURO}'; seq 5000; echo END", "\nEND\n"),
+        (f"{xs(18000)}; for i in $(seq 1000); do printf '{EURO}'; done", "€€"),
+    ],
+    ids=["whole", "cut after the head", "cut in the tail"],
+)
+async def test_a_character_across_where_the_output_is_cut_is_not_broken(
+    workdir: Path, command: str, ending: str
+) -> None:
+    """A command's first 18,000 and last 2,000 bytes were decoded apart: a character across
+    either line came back as U+FFFD, even when no byte was left out."""
+    result = await shell(workdir, command)
+
+    assert "\ufffd" not in result
+    assert result.endswith(ending)
+    assert ("more bytes not shown" in result) == (ending != "x€END")
+
+
 async def test_read_file_of_a_huge_file_reads_only_what_it_returns(workdir: Path) -> None:
     os.truncate(make(workdir / "huge.log"), 2 * GIGABYTE)  # sparse: costs no disk
 

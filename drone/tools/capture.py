@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 
 CHUNK = 1 << 16
 
@@ -31,11 +32,18 @@ class BoundedOutput:
             del self.tail[:excess]
 
     def text(self) -> str:
-        head = self.head.decode("utf-8", errors="replace")
-        tail = self.tail.decode("utf-8", errors="replace")
+        """Head and tail as text; a character cut where bytes were left out is left out too
+        (counted with them), not shown as U+FFFD."""
         if not self.dropped:
-            return head + tail
-        return f"{head}\n[… {self.dropped} more bytes not shown …]\n{tail}"
+            return (self.head + self.tail).decode("utf-8", errors="replace")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        head = decoder.decode(bytes(self.head))  # holds back a character cut at its end
+        held = len(decoder.getstate()[0])
+        start = 0
+        while start < min(3, len(self.tail)) and 0x80 <= self.tail[start] < 0xC0:
+            start += 1  # the rest of a character begun before the tail
+        tail = self.tail[start:].decode("utf-8", errors="replace")
+        return f"{head}\n[… {self.dropped + held + start} more bytes not shown …]\n{tail}"
 
 
 async def drain(stream: asyncio.StreamReader, output: BoundedOutput) -> None:
