@@ -448,6 +448,35 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     assert sent_back.rejected is None  # the history the service got is a valid one
 
 
+async def test_a_call_whose_text_holds_half_a_surrogate_pair_gets_a_clear_result(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """JSON may escape half of a surrogate pair (``"\\ud800"``), which no file name or command
+    can hold: the model got Python's own words ("'utf-8' codec can't encode character...")."""
+    half = '"\\ud800"'
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[
+                ScriptedToolCall("read_file", f'{{"path": {half}}}'),
+                ScriptedToolCall("list_directory", f'{{"path": {half}}}'),
+                ScriptedToolCall("write_file", f'{{"path": {half}, "content": "x"}}'),
+                ScriptedToolCall("run_shell", f'{{"command": "echo {half[1:-1]}"}}'),
+            ],
+        ),
+        Reply(chunks=["Told."]),
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    turn_id = (await browser.submit("Odd names"))["turnId"]
+
+    assert (await browser.completion(turn_id, timeout=20))[1:] == (True, "Told.")
+    results = [m.content for m in (await stored(relay, turn_id)).messages[2:6]]
+    assert results == [
+        f"Error: The argument {key!r} is not valid Unicode (it holds half of a surrogate pair)."
+        for key in ("path", "path", "path", "command")
+    ]
+
+
 async def test_a_model_that_never_stops_calling_tools_ends_the_turn_as_its_failure(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,

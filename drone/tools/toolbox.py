@@ -104,7 +104,7 @@ class Toolbox:
         if name == "read_file":
             return await files.read_file(self.workdir, _text(args, "path"), signal)
         if name == "list_directory":
-            path = str(args.get("path") or ".")
+            path = _text(args, "path") if args.get("path") else "."
             return await files.list_directory(self.workdir, path, signal)
         if name == "write_file":
             content = _text(args, "content", allow_empty=True)
@@ -173,4 +173,12 @@ def _text(args: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
     value = args.get(key)
     if not isinstance(value, str) or (not value and not allow_empty):
         raise ToolError(f"The argument {key!r} is required and must be a string.")
+    if key != "content":  # write_file says so of its content itself, writing nothing
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # JSON escapes half of a surrogate pair; no name holds it
+            message = (
+                f"The argument {key!r} is not valid Unicode (it holds half of a surrogate pair)."
+            )
+            raise ToolError(message) from None
     return value
