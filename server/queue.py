@@ -23,23 +23,32 @@ from .store import Database
 QUEUE_ORDER = """
     WITH queued AS (
         SELECT turn_id, session_id, owner, wanted_drone, created_at,
-            ROW_NUMBER() OVER (PARTITION BY owner ORDER BY created_at, turn_id) AS owner_rank,
-            ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY created_at, turn_id) AS session_rank
+            CASE WHEN ROW_NUMBER() OVER (
+                PARTITION BY session_id ORDER BY created_at, turn_id
+            ) = 1 AND NOT EXISTS (
+                SELECT 1 FROM turns running
+                WHERE running.session_id = turns.session_id AND running.status = 'processing'
+            ) THEN 1 ELSE 0 END AS ready
         FROM turns WHERE status = 'queued'
+    ),
+    ranked AS (
+        SELECT queued.*, ROW_NUMBER() OVER (
+            PARTITION BY owner ORDER BY ready DESC, created_at, turn_id
+        ) AS owner_rank
+        FROM queued
     ),
     served AS (
         SELECT owner, max(started_at) AS served_at FROM turns
         WHERE started_at IS NOT NULL AND owner IN (SELECT owner FROM queued) GROUP BY owner
     )
-    SELECT queued.turn_id, queued.session_id, queued.owner, queued.wanted_drone,
-        CASE WHEN session_rank = 1 AND NOT EXISTS (
-            SELECT 1 FROM turns running
-            WHERE running.session_id = queued.session_id AND running.status = 'processing'
-        ) THEN 1 ELSE 0 END AS ready
-    FROM queued LEFT JOIN served ON served.owner = queued.owner
-    ORDER BY owner_rank, COALESCE(served.served_at, 0), queued.created_at, queued.turn_id
+    SELECT ranked.turn_id, ranked.session_id, ranked.owner, ranked.wanted_drone, ranked.ready
+    FROM ranked LEFT JOIN served ON served.owner = ranked.owner
+    ORDER BY ranked.ready DESC, owner_rank, COALESCE(served.served_at, 0), ranked.created_at,
+        ranked.turn_id
 """
-"""Every queued turn, in the order they start; ``ready`` when nothing in its session runs."""
+"""Every queued turn, in the order they start; ``ready`` when nothing in its session runs or
+waits before it. A person's places are counted among their ready turns: follow-ups that wait
+for their session cost nobody a place, and come last (they start as their session frees)."""
 
 RUNNING_PER_DRONE = """
     SELECT drone_id, count(*) AS running FROM turns

@@ -347,6 +347,34 @@ async def test_one_persons_many_orders_do_not_hold_up_anothers(
     assert [s for s in started if s.startswith("heavy")] == [f"heavy {i}" for i in range(8)]
 
 
+async def test_follow_ups_that_cannot_start_yet_do_not_cost_their_person_a_place(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    """Follow-ups waiting behind their session's running turn counted as their person's first
+    places in line: her one turn that could start waited behind all of another's."""
+    alice: Browser = await browsers("alice")
+    bob: Browser = await browsers("bob")
+    openai_peer.script(SLOW)
+    openai_peer.default = Reply(chunks=["ok"])
+    await start_drone(Upstream("openai", openai_peer))  # one slot: alice's long turn
+    running = await alice.submit("alice runs long")
+    await alice.wait_text(running["turnId"], pieces=1)
+    for index in range(3):
+        await alice.submit(f"alice follows {index}", sessionId=running["sessionId"])
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    asked = [await alice.submit("alice on the laptop", droneId="laptop")]
+    asked += [await bob.submit(f"bob {index}", droneId="laptop") for index in range(4)]
+
+    await start_drone(Upstream("openai", openai_peer), token=token, name="laptop")
+    for ack, browser in zip(asked, [alice, bob, bob, bob, bob], strict=True):
+        assert (await browser.completion(ack["turnId"], timeout=15))[1] is True
+
+    started = [r.messages[-1]["content"] for r in openai_peer.requests[1:6]]
+    # bob was never served, alice was (her long turn): bob's first, then hers, then his others
+    assert started == ["bob 0", "alice on the laptop", "bob 1", "bob 2", "bob 3"]
+    assert await alice.abort(running["turnId"]) == (True, ABORT_SIGNALED)
+
+
 async def test_a_person_may_have_only_so_many_orders_waiting(
     relay: RelayHandle, browsers: Any
 ) -> None:
