@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Database
+from .store import Database, TurnRecord
 
 QUEUE_ORDER = """
     WITH queued AS (
@@ -131,6 +131,28 @@ async def queued_count(db: Database, owner: str) -> int:
         "SELECT count(*) AS queued FROM turns WHERE owner = ? AND status = 'queued'", owner
     )
     return int(rows[0]["queued"])
+
+
+async def interrupt_place(db: Database, session_id: str, turn: TurnRecord) -> float:
+    """Where an interrupting turn goes in its session (its ``created_at``): next, before the
+    follow-ups queued there, after every turn that started or ended; a session's turns run, and
+    its history grows, in that order."""
+    rows = await db.fetch(
+        "SELECT min(created_at) AS first FROM turns WHERE session_id = ? AND status = 'queued'",
+        session_id,
+    )
+    first = rows[0]["first"]
+    if first is None or first >= turn.created_at:
+        return turn.created_at
+    rows = await db.fetch(
+        "SELECT max(created_at) AS last FROM turns"
+        " WHERE session_id = ? AND status <> 'queued' AND created_at < ?",
+        session_id,
+        first,
+    )
+    last = rows[0]["last"]
+    place = first - 0.001 if last is None else (last + first) / 2
+    return place if (last is None or last < place) and place < first else turn.created_at
 
 
 async def request_abort(db: Database, turn_id: str, by: str) -> None:

@@ -139,6 +139,8 @@ class TurnLifecycle(TurnEndings):
             messages=[ChatMessage(role="user", content=request.prompt)],
             request_id=request.request_id,
         )
+        if request.mode == "interrupt" and request.session_id is not None:
+            turn.created_at = await queue.interrupt_place(self.store, session.session_id, turn)
         try:
             await self.store.create_turn(turn, self.queue_limit)
         except SessionGoneError:  # deleted at this very moment

@@ -481,6 +481,39 @@ async def test_interrupt_and_send_aborts_the_turn_and_runs_the_prompt_after_it(
     ]
 
 
+async def test_interrupt_and_send_runs_next_ahead_of_follow_ups_queued_before_it(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """Ctrl+Enter stops the running turn and runs its prompt next: it waited behind the whole
+    follow-up queued before it. That follow-up runs after it, with it in its history, and the
+    session shows the turns in the order they ran."""
+    openai_peer.script(SLOW, Reply(chunks=["Redirected."]), Reply(chunks=["Followed."]))
+    await start_drone(Upstream("openai", openai_peer))
+    first = await browser.submit("Write a long essay")
+    await browser.wait_text(first["turnId"], pieces=3)
+    queued = await browser.submit("Then a summary", sessionId=first["sessionId"])
+
+    now = await browser.submit("No, a haiku", sessionId=first["sessionId"], mode="interrupt")
+
+    assert await browser.completion(first["turnId"]) == (first["turnId"], True, "aborted")
+    assert await browser.completion(now["turnId"]) == (now["turnId"], True, "Redirected.")
+    assert await browser.completion(queued["turnId"]) == (queued["turnId"], True, "Followed.")
+    asked = [
+        [m["content"] for m in r.messages if m["role"] == "user"] for r in openai_peer.requests
+    ]
+    assert asked[1:] == [
+        ["Write a long essay", "No, a haiku"],
+        ["Write a long essay", "No, a haiku", "Then a summary"],
+    ]
+    assert all(r.rejected is None for r in openai_peer.requests)
+    opened = await browser.call("openSession", {"sessionId": first["sessionId"]})
+    assert [t["prompt"] for t in opened["turns"]] == [
+        "Write a long essay",
+        "No, a haiku",
+        "Then a summary",
+    ]
+
+
 async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:

@@ -325,9 +325,24 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
       renderEmpty();
       renderLoading();
     }
+    if (fromStart && isShown(card)) inOrder(card); // the relay's date, not this clock's
     onStatus(card);
     onChange();
     return card;
+  }
+
+  /**
+   * An interrupting turn runs next, ahead of the follow-ups queued before it: the relay dates it
+   * before them (a session's turns are in the order they run), and it is shown there too.
+   */
+  function inOrder(card) {
+    if (typeof card.createdAt !== "number") return;
+    for (const el of list.querySelectorAll("article.turn.queued")) {
+      const other = el === card.el ? null : state.cards.get(el.dataset.turnId);
+      if (typeof other?.createdAt !== "number" || other.createdAt <= card.createdAt) continue;
+      if (el.compareDocumentPosition(card.el) & Node.DOCUMENT_POSITION_FOLLOWING) el.before(card.el);
+      return;
+    }
   }
 
   /** `turnQueued`: a queued turn's new place in line. */

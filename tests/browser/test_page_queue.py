@@ -231,6 +231,37 @@ async def test_ctrl_enter_interrupts_the_turn_and_sends_the_prompt(
     assert history[-1] == ("user", "Stop that, answer this")
 
 
+async def test_ctrl_enter_runs_next_and_shows_ahead_of_a_follow_up_queued_before_it(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    openai_peer.script(
+        SLOW, Reply(chunks=["Now ", "this."], delay=0.3), Reply(chunks=["Then that."])
+    )
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    first = await submit(page, "Write forever")
+    await expect(first.locator(".turn-output")).to_contain_text("w0 w1 ", timeout=WAIT_MS)
+    follow_up = await submit(page, "Then that")
+    await expect(follow_up).to_have_class(has_class("queued"))
+
+    await page.fill("#prompt", "Now this")
+    await page.press("#prompt", "Control+Enter")
+
+    turns = page.locator("#turns article.turn")
+    await expect(turns).to_have_count(3, timeout=WAIT_MS)
+    await expect(turns.locator(".turn-prompt")).to_have_text(
+        ["Write forever", "Now this", "Then that"]
+    )
+    await expect(turns.nth(1)).to_have_class(has_class("processing"), timeout=WAIT_MS)
+    await expect(follow_up).to_have_class(has_class("queued"))
+    await expect(follow_up).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    await expect(turns.nth(1).locator(".turn-output")).to_have_text("Now this.")
+    await page.reload()
+    await expect(page.locator("#turns article.turn .turn-prompt")).to_have_text(
+        ["Write forever", "Now this", "Then that"], timeout=WAIT_MS
+    )
+
+
 ENDINGS = {
     "operator": "The drone's operator stopped it.",  # Ctrl-C in the drone's terminal
     "shutdown": "Aborted: the drone was shut down.",  # SIGTERM (a service manager's stop)
