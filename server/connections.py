@@ -32,6 +32,10 @@ C = TypeVar("C")
 Handler = Callable[..., Any]
 
 
+EVENT_NAME = re.compile(r"[a-z][A-Za-z]*")
+"""The protocol's event names (``listSessions``): not ``list_sessions``, which maps alike."""
+
+
 @functools.lru_cache(maxsize=64)  # event names come from clients: keep it bounded
 def snake(event: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", event).lower()
@@ -53,7 +57,9 @@ class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[
             return None
         sid, payload = args[0], args[1:]
         connection = self.connections.get(sid)
-        handler: Handler | None = getattr(connection, "on_" + snake(event), None)
+        handler: Handler | None = (
+            getattr(connection, "on_" + snake(event), None) if EVENT_NAME.fullmatch(event) else None
+        )
         if handler is None:
             return {"ok": False, "error": f"Unknown event {event!r}."}
         try:

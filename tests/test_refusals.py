@@ -190,13 +190,13 @@ async def test_malformed_abort_payloads_get_an_error_ack(
     assert answer[0] is False and answer[1].startswith("Invalid payload")
 
 
+@pytest.mark.parametrize("event", ["launchMissiles", "list_sessions", "ListSessions"])
 async def test_an_unknown_browser_event_gets_an_error_ack(
-    relay: RelayHandle, browser: Browser
+    relay: RelayHandle, browser: Browser, event: str
 ) -> None:
-    assert await browser.call("launchMissiles", {}) == {
-        "ok": False,
-        "error": "Unknown event 'launchMissiles'.",
-    }
+    """Only the protocol's names: ``list_sessions`` and ``ListSessions`` were taken as
+    ``listSessions``, so a client written against them would break on any other server."""
+    assert await browser.call(event, {}) == {"ok": False, "error": f"Unknown event {event!r}."}
 
 
 async def test_a_drone_cannot_report_on_a_turn_it_does_not_run(
