@@ -16,7 +16,8 @@ from hangar.shared.protocol import ChatMessage, WorkOrder
 
 MAX_SESSIONS = 256
 MAX_CHARS = 32_000_000
-"""Characters of message content kept in all (about that many bytes, and some more)."""
+"""Characters of message content and tool calls' arguments kept in all (about that many bytes,
+and some more)."""
 
 
 class HistoryKeeper:
@@ -42,7 +43,10 @@ class HistoryKeeper:
         previous = self._kept.pop(order.session_id, None)
         if previous is not None:
             self._chars -= previous[2]
-        size = sum(len(m.content) + len(m.tool_calls or ()) * 64 for m in order.history)
+        size = sum(
+            len(m.content) + sum(64 + len(c.arguments) for c in m.tool_calls or ())
+            for m in order.history
+        )
         self._kept[order.session_id] = (order.turn_id, order.history, size)
         self._chars += size
         while self._kept and (len(self._kept) > self.max_sessions or self._chars > self.max_chars):

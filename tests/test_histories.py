@@ -16,6 +16,7 @@ import pytest
 import socketio
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.histories import HistoryKeeper
 from hangar.drone.providers import ChatOptions, OllamaProvider, ToolSpec
 from hangar.drone.providers.message_json import MessageJson
 from hangar.drone.providers.openai_provider import _message
@@ -27,6 +28,7 @@ from hangar.shared.protocol import (
     WORK_ORDER_PROGRESS,
     ChatMessage,
     ToolCall,
+    WorkOrder,
 )
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
@@ -350,3 +352,30 @@ async def test_the_ollama_provider_sends_what_the_sdks_chat_would_send(
     first, second, by_sdk = (r.body for r in ollama_peer.requests)
     assert first == second == by_sdk
     assert [r.headers["Content-Type"] for r in ollama_peer.requests] == ["application/json"] * 3
+
+
+def test_a_drones_kept_histories_count_their_tool_calls_arguments_whole() -> None:
+    """Each tool call counted as 64 characters whatever its arguments: sessions whose calls
+    wrote megabytes (a file's content) grew a drone and each worker by hundreds of MB, past
+    the bound on what it keeps."""
+    keeper = HistoryKeeper(max_chars=1_000_000)
+    write = ToolCall(
+        id="call_1", name="write_file", arguments=json.dumps({"content": "x" * 400_000})
+    )
+    for session in ("s_one", "s_two", "s_three"):
+        history = [
+            ChatMessage(role="user", content="Write it"),
+            ChatMessage(role="assistant", content="", tool_calls=[write]),
+            ChatMessage(role="tool", content="Wrote it.", tool_call_id="call_1", name="write_file"),
+        ]
+        keeper.keep(
+            WorkOrder(turn_id=f"t_{session}", session_id=session, prompt="Again", history=history)
+        )
+
+    def kept(session: str) -> bool:
+        order = WorkOrder(
+            turn_id="t_next", session_id=session, prompt="More", history_base=f"t_{session}"
+        )
+        return keeper.complete(order) is not None
+
+    assert [kept(s) for s in ("s_one", "s_two", "s_three")] == [False, True, True]
