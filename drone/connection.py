@@ -38,6 +38,7 @@ from hangar.shared.protocol import (
     WorkOrder,
     describe,
 )
+from hangar.shared.wire import MAX_ORDER_BYTES
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
 from .engine import RelayClient
@@ -46,8 +47,6 @@ from .report import TurnReport, text_window
 
 log = logging.getLogger("hangar.drone")
 
-MAX_ORDER_BYTES = 256 * 1024 * 1024
-"""The largest message from a relay a drone takes (a work order with its whole history)."""
 SETTLE_ON_CLOSE = 5.0
 """Seconds a closing drone waits for the relay to confirm the endings it still holds."""
 REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)

@@ -15,6 +15,7 @@ import json
 from collections import OrderedDict
 
 from hangar.shared.protocol import ChatMessage, WorkOrder
+from hangar.shared.wire import MAX_ORDER_BYTES
 
 from .store import Database, TurnRecord, TurnStore, session_history
 
@@ -91,3 +92,20 @@ async def history_since(
             ChatMessage.model_validate(json.loads(body) if isinstance(body, str) else body)
         )
     return [message for turn_id in turn_ids for message in by_turn[turn_id]]
+
+
+def too_large(order: WorkOrder) -> str | None:
+    """Why ``order`` cannot go to a drone (larger as JSON than a drone takes), or None. The
+    JSON is made only for a history that could be that large (six bytes a character at most)."""
+    rough = sum(
+        len(m.content) + sum(len(c.arguments) for c in m.tool_calls or ()) for m in order.history
+    )
+    if 6 * rough + len(order.prompt) * 6 < MAX_ORDER_BYTES:
+        return None
+    size = len(json.dumps(order.wire(), separators=(",", ":")))
+    if size <= MAX_ORDER_BYTES:
+        return None
+    return (
+        f"This session's history is too large to send to a drone ({size / 1e6:.1f} MB; a work "
+        f"order may take at most {MAX_ORDER_BYTES / 1e6:.1f} MB). Start a new session."
+    )

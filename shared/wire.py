@@ -73,6 +73,9 @@ MAX_MESSAGE_BYTES = 3_000_000
 """The most a finished message (its content and tool calls, as JSON) may take: a drone sends it
 to the relay in one event, and the relay takes no event over 4,000,000 bytes."""
 
+MAX_ORDER_BYTES = 256 * 1024 * 1024
+"""The largest message from a relay a drone takes (a work order with its whole history)."""
+
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 

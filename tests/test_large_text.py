@@ -21,6 +21,7 @@ import pytest
 from bench.peers import Reply
 from hangar.drone.pipes import HEADER
 from hangar.drone.pool import WORKER_STOPPED
+from hangar.server import histories
 from hangar.shared.protocol import ANSWER_TOO_LONG
 from tests.conftest import Browser, RelayHandle, Upstream, eventually
 from tests.test_drone_workers import worker_pids
@@ -125,3 +126,35 @@ async def test_a_worker_that_writes_what_is_not_a_frame_is_replaced_and_its_turn
     assert await browser.completion(again, timeout=20) == (again, True, "Fine again.")
     lines = [r for r in caplog.records if "sent what the drone cannot take" in r.getMessage()]
     assert len(lines) == 1 and not lines[0].exc_info, "one line, no traceback"
+
+
+async def test_a_session_whose_history_is_too_large_for_a_work_order_says_so_at_once(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A work order larger than a drone takes (256 MiB) was sent anyway: the drone's connection
+    closed, the turn went back in line two or three times, dropping the drone each time, and
+    ended "The drone disconnected."; the session could never run again. Now the turn ends at
+    once saying why, and the drone goes on. (The bound is lowered here: 256 MiB of history
+    would take the test's memory.)"""
+    monkeypatch.setattr(histories, "MAX_ORDER_BYTES", 1_000_000)
+    upstream.peer.script(Reply(chunks=[HUGE]), Reply(chunks=["Fine."]))
+    drone = await start_drone(upstream)
+    first = await browser.submit("Count")
+    assert (await browser.completion(first["turnId"]))[1] is True
+
+    again = await browser.submit("And again", sessionId=first["sessionId"])
+
+    ending = await browser.completion(again["turnId"])
+    assert ending[1] is False
+    assert ending[2] == (
+        "This session's history is too large to send to a drone (1.6 MB; a work order may take "
+        "at most 1.0 MB). Start a new session."
+    )
+    assert len(upstream.peer.requests) == 1  # the model was not asked
+    fresh = await browser.submit("Something new")
+    assert await browser.completion(fresh["turnId"]) == (fresh["turnId"], True, "Fine.")
+    assert drone.drone_id in relay.relay.directory.local
