@@ -30,7 +30,6 @@ from hangar.shared.protocol import (
     TextDelta,
     ToolActivity,
     TurnStatus,
-    cut,
 )
 
 from . import sub_agents
@@ -39,6 +38,7 @@ from .closing import MessageRefused
 from .directory import DRONE_CALL_TIMEOUT, SENDS
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveTurn
+from .snapshots import shown
 from .store import Ending
 
 if TYPE_CHECKING:
@@ -51,22 +51,11 @@ refusals = QuietLog(log)
 TURN_ENDED_ALREADY = "The turn has already ended."
 NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
 PERSON_REMOVED = Ending("aborted", ABORTED, "removed")
-SHOWN_MESSAGE_CHARS = 20_000
-"""The most of a message's text, and of each of its calls' arguments, browsers get in its
-``message`` event: the page shows neither (the text streamed, the calls have ``tool`` events),
-and the store keeps them whole."""
 
 
 def shown_message(payload: dict[str, Any]) -> dict[str, Any]:
     """A ``message`` progress event as browsers get it: long strings cut, saying so."""
-    message = dict(payload["message"])
-    message["content"] = cut(message.get("content", ""), SHOWN_MESSAGE_CHARS)
-    if message.get("toolCalls"):
-        message["toolCalls"] = [
-            {**call, "arguments": cut(call["arguments"], SHOWN_MESSAGE_CHARS)}
-            for call in message["toolCalls"]
-        ]
-    return {**payload, "message": message}
+    return {**payload, "message": shown(payload["message"])}
 
 
 class DroneReports:

@@ -24,18 +24,22 @@ from hangar.shared.protocol import (
     ListSessions,
     OpenSession,
     ToolActivity,
+    TurnView,
 )
 
 from . import queue, sub_agents
 from .accounts import Accounts, User
 from .limits import QuietLog
 from .live_state import LiveState
-from .store import SessionBusyError, SessionCursor, SessionRecord, TurnStore
+from .snapshots import Page
+from .store import SessionBusyError, SessionCursor, SessionRecord, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 SESSION_COALESCE = 0.05
 """Seconds a session's changed line waits for the session's other changes."""
 
+READ_AT_ONCE = 10
+"""Turns a snapshot reads from the store at once (a session of large answers is not read whole)."""
 REMOVED_OWNER = "a removed person"
 """The owner's name shown for a session whose person was removed (``hangar user remove``)."""
 SESSION_BUSY = "This session has a turn running or waiting; stop it before deleting the session."
@@ -178,38 +182,34 @@ class Rooms:
     async def open_session(self, viewer: User, sid: str, request: OpenSession) -> dict[str, Any]:
         """Join a session's room and return its snapshot: its latest turns (a page of them, or
         the page before ``request.before``), a running turn's live text and waiting calls
-        included, and whether older turns exist (``more``)."""
+        included, and whether older turns exist (``more``). A page holds ``request.limit``
+        turns at most, and no more than ``SNAPSHOT_BYTES`` of them (``snapshots``); the turns
+        are read from the store a few at a time, so a session of large answers is never read
+        whole."""
         session_id = request.session_id
         session = await self.store.get_session(session_id)
         if session is None or not viewer.may_see(session.owner):
             return {"ok": False, "error": UNKNOWN_SESSION}
         if request.before is None:
             await self.join_session(sid, session_id)
-        turns, more = await self.store.recent_turns(session_id, request.limit, request.before)
         processing = next(
             (t.turn_id for t in await self.store.processing_turns(session_id=session_id)), None
         )
-        waiting: dict[str, list[ToolActivity]] = {}
-        subs: dict[str, list[dict[str, Any]]] = {}
-        counts: dict[str, int] = {}
-        for turn in turns:
-            if turn.status == "processing":
-                turn.text, turn.text_seq = await self.live.text(turn.turn_id)
-                calls = await self.live.waiting(turn.turn_id)
-                waiting[turn.turn_id] = [ToolActivity.model_validate(c) for c in calls]
-                kept = await self.live.sub_agent_events(turn.turn_id)
-                subs[turn.turn_id], counts[turn.turn_id] = sub_agents.runs(kept), len(kept)
-        views = [turn.view() for turn in turns]
-        for view in views:
-            view.waiting = waiting.get(view.turn_id, [])
-            view.sub_agents = subs.get(view.turn_id, [])
-            view.sub_agent_seq = counts.get(view.turn_id, 0)
-        if any(turn.status == "queued" for turn in turns):
-            where = {
-                p.turn_id: p.position for p in queue.places(await queue.queue_order(self.store))
-            }
-            for view in views:
-                view.position = where.get(view.turn_id) if view.status == "queued" else None
+        page, before, more, where = Page(), request.before, True, None
+        while more and len(page.turns) < request.limit:
+            wanted = min(READ_AT_ONCE, request.limit - len(page.turns))
+            turns, more = await self.store.recent_turns(session_id, wanted, before)
+            if where is None and any(turn.status == "queued" for turn in turns):
+                order = await queue.queue_order(self.store)
+                where = {p.turn_id: p.position for p in queue.places(order)}
+            for turn in reversed(turns):
+                if not page.add((await self._turn_view(turn, where or {})).wire()):
+                    more = True
+                    break
+            else:
+                before = turns[0].turn_id if turns else None
+                continue
+            break
         names = await self.accounts.names({session.owner} - {viewer.user_id})
         queued = await queue.queued_per_session(self.store, session.owner)
         return {
@@ -219,9 +219,24 @@ class Rooms:
                 owner_name(names, session.owner, viewer.user_id),
                 queued.get(session_id, 0),
             ).wire(),
-            "turns": [view.wire() for view in views],
+            "turns": page.turns[::-1],
             "more": more,
         }
+
+    async def _turn_view(self, turn: TurnRecord, where: dict[str, int]) -> TurnView:
+        """A turn as a snapshot shows it: a running one with its live text, its calls waiting
+        for approval and its sub-agents' output; a queued one with its place in line."""
+        if turn.status == "processing":
+            turn.text, turn.text_seq = await self.live.text(turn.turn_id)
+        view = turn.view()
+        if turn.status == "processing":
+            calls = await self.live.waiting(turn.turn_id)
+            view.waiting = [ToolActivity.model_validate(c) for c in calls]
+            kept = await self.live.sub_agent_events(turn.turn_id)
+            view.sub_agents, view.sub_agent_seq = sub_agents.runs(kept), len(kept)
+        elif turn.status == "queued":
+            view.position = where.get(turn.turn_id)
+        return view
 
     async def rename_session(self, viewer: User, session_id: str, title: str) -> dict[str, Any]:
         """Retitle one of the viewer's own sessions; its owner's browsers hear of it."""

@@ -29,6 +29,8 @@ from hangar.shared.protocol import (
     SESSION_REMOVED,
     UNKNOWN_SESSION,
     ChatMessage,
+    ToolCall,
+    cut,
 )
 from tests.conftest import DRONE_TOKEN, Browser, People, RelayHandle, Upstream, eventually
 
@@ -557,3 +559,85 @@ async def test_a_long_session_opens_with_its_latest_turns_and_pages_back(
         for before in (later, "t_000", "t_nothing")
     ]
     assert [answer["turns"] for answer in paged] == [[], [], []]
+
+
+async def stored_turn(
+    relay: RelayHandle, owner: str, number: int, answer: str, messages: list[ChatMessage]
+) -> None:
+    turn = TurnRecord(
+        f"t_{number:03d}",
+        "s_large",
+        owner,
+        f"question {number}",
+        status="processing",
+        created_at=1000.0 + number,
+        messages=[ChatMessage(role="user", content=f"question {number}"), *messages],
+    )
+    await relay.relay.store.create_turn(turn)
+    await relay.relay.store.end_turn(turn.turn_id, Ending("finished", "done", "finished", answer))
+
+
+async def test_a_session_of_large_answers_opens_and_pages_back_within_what_a_client_reads(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """Twelve answers of a million characters made a 24 MB snapshot (each answer is in its
+    turn's text and in its message): a default python-socketio client, which reads 4 MiB a
+    message, lost its connection instead of getting it. A page now holds what fits in 3 MB,
+    and the person pages back through every turn, each whole."""
+    alice = await browsers("alice")
+    owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
+    await relay.relay.store.create_session(SessionRecord("s_large", owner, "Large answers"))
+    for number in range(12):
+        answer = f"{number:02d}" * 500_000
+        await stored_turn(
+            relay, owner, number, answer, [ChatMessage(role="assistant", content=answer)]
+        )
+
+    pages = [await alice.call("openSession", {"sessionId": "s_large"})]
+    while pages[-1]["more"]:
+        first = pages[-1]["turns"][0]["turnId"]
+        pages.append(await alice.call("openSession", {"sessionId": "s_large", "before": first}))
+
+    assert all(page["ok"] for page in pages) and 1 < len(pages) <= 12
+    assert all(len(json.dumps(page)) < 3_100_000 for page in pages)
+    turns = [turn for page in reversed(pages) for turn in page["turns"]]
+    assert [turn["prompt"] for turn in turns] == [f"question {n}" for n in range(12)]
+    assert [turn["text"] for turn in turns] == [f"{n:02d}" * 500_000 for n in range(12)]
+
+
+async def test_a_turn_too_large_for_a_page_by_itself_comes_cut_saying_so(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """One turn of two long answers and a long tool call: its view alone was over 13 MB. It
+    comes with its messages' long strings and the end of its text cut, each saying how much
+    was left out; the store keeps it whole, and the model gets it whole."""
+    alice = await browsers("alice")
+    owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
+    await relay.relay.store.create_session(SessionRecord("s_large", owner, "One large turn"))
+    first, second = "a" * 2_900_000, "b" * 2_900_000
+    call = ToolCall(id="call_1", name="write_file", arguments=json.dumps({"content": "c" * 10**6}))
+    messages = [
+        ChatMessage(role="assistant", content=first, tool_calls=[call]),
+        ChatMessage(role="tool", content="d" * 10**6, tool_call_id="call_1", name="write_file"),
+        ChatMessage(role="assistant", content=second),
+    ]
+    await stored_turn(relay, owner, 0, first + second, messages)
+
+    page = await alice.call("openSession", {"sessionId": "s_large"})
+
+    assert len(json.dumps(page)) < 3_100_000 and page["more"] is False
+    [turn] = page["turns"]
+    kept = len(turn["text"].split("\n\n[…")[0])
+    assert 2_000_000 < kept < 3_000_000
+    assert turn["text"] == first[:kept] + second[: max(0, kept - len(first))] + (
+        f"\n\n[… {len(first + second) - kept} more characters not shown]"
+    )
+    assert [m.get("content", "") for m in turn["messages"]] == [
+        "question 0",
+        cut(first, 20_000),
+        cut("d" * 10**6, 20_000),
+        cut(second, 20_000),
+    ]
+    assert turn["messages"][1]["toolCalls"][0]["arguments"] == cut(call.arguments, 20_000)
+    stored = await relay.relay.store.get_turn("t_000")
+    assert stored is not None and stored.messages[3].content == second
