@@ -38,8 +38,9 @@ log = logging.getLogger("hangar.relay")
 SESSION_COALESCE = 0.05
 """Seconds a session's changed line waits for the session's other changes."""
 
-READ_AT_ONCE = 10
-"""Turns a snapshot reads from the store at once (a session of large answers is not read whole)."""
+READ_FIRST, READ_AT_ONCE = 4, 13
+"""Turns a snapshot reads from the store at once, first and then (30, the page's default, in
+three reads): a session of large answers is never read whole."""
 REMOVED_OWNER = "a removed person"
 """The owner's name shown for a session whose person was removed (``hangar user remove``)."""
 SESSION_BUSY = "This session has a turn running or waiting; stop it before deleting the session."
@@ -197,7 +198,9 @@ class Rooms:
         )
         page, before, more, where = Page(), request.before, True, None
         while more and len(page.turns) < request.limit:
-            wanted = min(READ_AT_ONCE, request.limit - len(page.turns))
+            wanted = min(
+                READ_AT_ONCE if page.turns else READ_FIRST, request.limit - len(page.turns)
+            )
             turns, more = await self.store.recent_turns(session_id, wanted, before)
             if where is None and any(turn.status == "queued" for turn in turns):
                 order = await queue.queue_order(self.store)
