@@ -35,7 +35,7 @@ from hangar.shared.protocol import (
 from . import queue, session_tools
 from .background import Background
 from .directory import SENDS, DroneDirectory, DroneMoved
-from .histories import Histories, too_large
+from .histories import Histories, could_be_too_large, too_large
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveState
 from .queue import Place, places
@@ -202,9 +202,9 @@ class Dispatcher:
             await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
 
     async def _send(self, order: WorkOrder, route: DroneRoute) -> Any:
-        if (refusal := too_large(order)) is not None:  # the drone's connection would close
+        if could_be_too_large(order) and (refusal := await asyncio.to_thread(too_large, order)):
             log.info("work order turn=%s not sent: %s", order.turn_id, refusal)
-            return {"ok": False, "error": refusal}
+            return {"ok": False, "error": refusal}  # the drone's connection would close
         log.info(
             "work order sent turn=%s drone=%s history=%d from %d",
             order.turn_id,

@@ -94,15 +94,19 @@ async def history_since(
     return [message for turn_id in turn_ids for message in by_turn[turn_id]]
 
 
-def too_large(order: WorkOrder) -> str | None:
-    """Why ``order`` cannot go to a drone (larger as JSON than a drone takes), or None. The
-    JSON is made only for a history that could be that large (six bytes a character at most)."""
-    rough = sum(
+def could_be_too_large(order: WorkOrder) -> bool:
+    """Whether ``order`` might be larger as JSON than a drone takes: a bound from its length
+    (twelve bytes a character at most, for one outside the BMP escaped as two)."""
+    chars = len(order.prompt) + sum(
         len(m.content) + sum(len(c.arguments) for c in m.tool_calls or ()) for m in order.history
     )
-    if 6 * rough + len(order.prompt) * 6 < MAX_ORDER_BYTES:
-        return None
-    size = len(json.dumps(order.wire(), separators=(",", ":")))
+    return 12 * chars + 64 * len(order.history) >= MAX_ORDER_BYTES
+
+
+def too_large(order: WorkOrder) -> str | None:
+    """Why ``order`` cannot go to a drone (larger as JSON than a drone takes), or None; made
+    only for an order that ``could_be_too_large`` (hundreds of MB to encode: off the loop)."""
+    size = len(json.dumps(order.wire(), separators=(",", ":"))) + len('42/drone,["workOrder",]')
     if size <= MAX_ORDER_BYTES:
         return None
     return (

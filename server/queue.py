@@ -14,6 +14,7 @@ slots in use; ties at random), so load spreads.
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -134,9 +135,10 @@ async def queued_count(db: Database, owner: str) -> int:
 
 
 async def interrupt_place(db: Database, session_id: str, turn: TurnRecord) -> float:
-    """Where an interrupting turn goes in its session (its ``created_at``): next, before the
-    follow-ups queued there, after every turn that started or ended; a session's turns run, and
-    its history grows, in that order."""
+    """Where an interrupting turn goes in its session (its ``created_at``): next, a millisecond
+    before the follow-ups queued there (between them and the last turn that started, if closer),
+    after every turn that started or ended; a session's turns run, and its history grows, in
+    that order."""
     rows = await db.fetch(
         "SELECT min(created_at) AS first FROM turns WHERE session_id = ? AND status = 'queued'",
         session_id,
@@ -151,8 +153,34 @@ async def interrupt_place(db: Database, session_id: str, turn: TurnRecord) -> fl
         first,
     )
     last = rows[0]["last"]
-    place = first - 0.001 if last is None else (last + first) / 2
+    place = first - 0.001 if last is None or last < first - 0.001 else (last + first) / 2
     return place if (last is None or last < place) and place < first else turn.created_at
+
+
+async def interrupt_placed(db: Database, turn: TurnRecord) -> None:
+    """After an interrupting turn was stored: if a follow-up it was dated before started
+    meanwhile (its place was chosen a moment before), it goes after everything instead, as
+    any prompt (the interrupt then stops that follow-up); its session's activity is now."""
+    now = time.time()
+    started = await db.fetch(
+        "SELECT turn_id FROM turns WHERE session_id = ? AND started_at IS NOT NULL"
+        " AND created_at > ?",
+        turn.session_id,
+        turn.created_at,
+    )
+    if started:
+        turn.created_at = now
+        await db.execute(
+            "UPDATE turns SET created_at = ? WHERE turn_id = ? AND status = 'queued'",
+            now,
+            turn.turn_id,
+        )
+    await db.execute(
+        "UPDATE sessions SET last_activity = ? WHERE session_id = ? AND last_activity < ?",
+        now,
+        turn.session_id,
+        now,
+    )
 
 
 async def request_abort(db: Database, turn_id: str, by: str) -> None:

@@ -52,12 +52,13 @@ class Page:
 
     def add(self, turn: dict[str, Any]) -> bool:
         """Add a turn's view (wire form) if it fits; the first always goes in, cut to fit if
-        it must. False once the page is full."""
+        it must, and so does a running turn (a page without it would show its session idle).
+        False once the page is full."""
         size = json_size(turn)
         if self.used + size > self.budget:
-            if self.turns:
+            if self.turns and turn.get("status") != "processing":
                 return False
-            turn = fitted(turn, self.budget)
+            turn = fitted(turn, max(self.budget - self.used, 0))
             size = json_size(turn)
         self.turns.append(turn)
         self.used += size
@@ -65,20 +66,21 @@ class Page:
 
 
 def fitted(turn: dict[str, Any], budget: int) -> dict[str, Any]:
-    """A turn's view cut to ``budget`` bytes where it can be: its messages' long strings, then
-    an ended turn's text (a running turn's text stays whole: later deltas build on it), then
-    the messages' strings to their first few hundred characters."""
+    """A turn's view cut to ``budget`` bytes where it can be: its messages' long strings (to
+    their first 20,000 characters, or to a few hundred if that is not enough), then an ended
+    turn's text (a running turn's text stays whole: later deltas build on it)."""
     messages = turn.get("messages", [])
     turn = {**turn, "messages": [shown(m) for m in messages]}
     text = turn.get("text", "")
-    if turn.get("status") in ENDED and text:
+    rest = json_size({**turn, "text": ""})
+    if rest > budget // 2:  # hundreds of tool calls: what fits of the answer comes first
+        turn["messages"] = [shown(m, SHORT_CHARS) for m in messages]
         rest = json_size({**turn, "text": ""})
+    if turn.get("status") in ENDED and text and rest + json_size(text) > budget:
         keep = len(text)
         for _ in range(8):  # the share of the text that fits, shrunk until it does
             if rest + json_size(cut(text, keep)) <= budget or keep == 0:
                 break
             keep = max(0, min(keep - 1, keep * (budget - rest) // json_size(text[:keep]) - 64))
         turn["text"] = cut(text, keep, "\n\n")
-    if json_size(turn) > budget:  # hundreds of tool calls
-        turn["messages"] = [shown(m, SHORT_CHARS) for m in messages]
     return turn

@@ -139,6 +139,7 @@ class TurnLifecycle(TurnEndings):
             messages=[ChatMessage(role="user", content=request.prompt)],
             request_id=request.request_id,
         )
+        now = turn.created_at
         if request.mode == "interrupt" and request.session_id is not None:
             turn.created_at = await queue.interrupt_place(self.store, session.session_id, turn)
         try:
@@ -156,6 +157,8 @@ class TurnLifecycle(TurnEndings):
             if earlier is None:  # and its session was deleted since
                 return {"ok": False, "error": UNKNOWN_SESSION}
             return await self._sent_again(sid, request, earlier)
+        if turn.created_at != now:  # an interrupt dated before the session's follow-ups
+            await queue.interrupt_placed(self.store, turn)
         await self.rooms.join_session(sid, session.session_id)
         await self.rooms.to_session(session.session_id, TURN_STARTED, turn.view().wire())
         if request.mode == "interrupt":

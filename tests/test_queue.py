@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.server import queue
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
+from hangar.server.store import Ending, SessionRecord, TurnRecord, session_history
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -24,6 +26,7 @@ from hangar.shared.protocol import (
     NO_ACTIVE_WORK_ORDER,
     STOP_AFTER_STEP,
     TOOL_CANCELLED,
+    ChatMessage,
 )
 from tests.browser.hand_drone import HandDrone
 from tests.conftest import (
@@ -512,6 +515,37 @@ async def test_interrupt_and_send_runs_next_ahead_of_follow_ups_queued_before_it
         "No, a haiku",
         "Then a summary",
     ]
+
+
+async def test_an_interrupt_dated_before_a_follow_up_that_started_meanwhile_goes_after_it(
+    relay: RelayHandle,
+) -> None:
+    """An interrupt's place is chosen a moment before it is stored: a follow-up the dispatcher
+    started in that moment would have run before a turn dated ahead of it, and the session's
+    history (in the order of the turns' dates) would have left it out of the interrupt's."""
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_race", "u_1", "Race"))
+    for number in (0, 1):
+        turn = TurnRecord(f"t_{number}", "s_race", "u_1", f"prompt {number}", status="queued")
+        turn.created_at = 1000.0 + number
+        turn.messages = [ChatMessage(role="user", content=turn.prompt)]
+        await store.create_turn(turn)
+    [first] = await store.claim_queued({"d1": 2})
+    await store.end_turn(first.turn_id, Ending("finished", "ok", "finished", "ok"))
+    interrupt = TurnRecord("t_2", "s_race", "u_1", "now this", status="queued", created_at=1002.0)
+    interrupt.messages = [ChatMessage(role="user", content=interrupt.prompt)]
+    interrupt.created_at = await queue.interrupt_place(store, "s_race", interrupt)
+    assert 1000.0 < interrupt.created_at < 1001.0  # before the queued follow-up
+    [follow_up] = await store.claim_queued({"d1": 2})  # the dispatcher, that very moment
+    assert follow_up.turn_id == "t_1"
+    await store.create_turn(interrupt)
+
+    await queue.interrupt_placed(store, interrupt)
+
+    stored = await store.get_turn("t_2", messages=False)
+    assert stored is not None and stored.created_at > 1001.0 == follow_up.created_at
+    history = await session_history(store, "s_race", before=stored)
+    assert [m.content for m in history if m.role == "user"] == ["prompt 0", "prompt 1"]
 
 
 async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(

@@ -641,3 +641,31 @@ async def test_a_turn_too_large_for_a_page_by_itself_comes_cut_saying_so(
     assert turn["messages"][1]["toolCalls"][0]["arguments"] == cut(call.arguments, 20_000)
     stored = await relay.relay.store.get_turn("t_000")
     assert stored is not None and stored.messages[3].content == second
+
+
+async def test_a_running_turn_is_in_the_first_page_whatever_the_turns_after_it_take(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """Only the newest turn was sure of its place: a running turn with a long answer behind a
+    queued follow-up of large prompt was left for "Show earlier turns", and the page showed
+    the session as idle."""
+    alice = await browsers("alice")
+    owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_large", owner, "Running"))
+    prompts = {"t_run": "run", "t_next": "é" * 100_000}  # 600 kB as JSON
+    for number, (turn_id, prompt) in enumerate(prompts.items()):
+        turn = TurnRecord(turn_id, "s_large", owner, prompt, status="queued")
+        turn.created_at = 1000.0 + number
+        turn.messages = [ChatMessage(role="user", content=prompt)]
+        await store.create_turn(turn)
+    [running] = await store.claim_queued({"d1": 1})
+    await relay.relay.live_state.append_text(running.turn_id, "x" * 2_700_000)
+
+    page = await alice.call("openSession", {"sessionId": "s_large"})
+
+    assert [(t["turnId"], t["status"]) for t in page["turns"]] == [
+        ("t_run", "processing"),
+        ("t_next", "queued"),
+    ]
+    assert page["turns"][0]["text"] == "x" * 2_700_000 and page["more"] is False
