@@ -161,9 +161,10 @@ class TurnLifecycle(TurnEndings):
             await queue.interrupt_placed(self.store, turn)
         await self.rooms.join_session(sid, session.session_id)
         await self.rooms.to_session(session.session_id, TURN_STARTED, turn.view().wire())
-        if request.mode == "interrupt":
+        if request.mode == "interrupt":  # what ran before it (a dispatcher may start it now)
             for running in await self.store.processing_turns(session_id=session.session_id):
-                await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
+                if running.turn_id != turn.turn_id and running.created_at < turn.created_at:
+                    await self.abort(viewer, AbortWorkOrderRequest(turn_id=running.turn_id))
         self.dispatcher.wake()
         return {"ok": True, "turnId": turn.turn_id, "sessionId": session.session_id}
 
