@@ -42,7 +42,8 @@ QUEUE_ORDER = """
         SELECT owner, max(started_at) AS served_at FROM turns
         WHERE started_at IS NOT NULL AND owner IN (SELECT owner FROM queued) GROUP BY owner
     )
-    SELECT ranked.turn_id, ranked.session_id, ranked.owner, ranked.wanted_drone, ranked.ready
+    SELECT ranked.turn_id, ranked.session_id, ranked.owner, ranked.wanted_drone, ranked.ready,
+        COALESCE(served.served_at, 0) AS served_at, ranked.created_at
     FROM ranked LEFT JOIN served ON served.owner = ranked.owner
     ORDER BY ranked.ready DESC, owner_rank, COALESCE(served.served_at, 0), ranked.created_at,
         ranked.turn_id
@@ -68,16 +69,27 @@ def choose(
     running: dict[str, int],
     rng: random.Random | None = None,
 ) -> list[tuple[str, str]]:
-    """Which ready turns (``QUEUE_ORDER`` rows) start, on which drone: ``(turn_id, drone_id)``."""
+    """Which ready turns (``QUEUE_ORDER`` rows) start, on which drone: ``(turn_id, drone_id)``.
+    A turn that names a drone that is away or full takes no place in its person's line: their
+    next turn that can start has it."""
     rng = rng or random.Random()
     used = {drone: running.get(drone, 0) for drone in capacity}
-    chosen: list[tuple[str, str]] = []
+    ranks: Counter[str] = Counter()
+    line = []
     for row in queue:
-        if not row["ready"]:
+        wanted = row["wanted_drone"]
+        if not row["ready"] or (
+            wanted is not None and used.get(wanted, 1) >= capacity.get(wanted, 0)
+        ):
             continue
+        ranks[row["owner"]] += 1
+        line.append((ranks[row["owner"]], row["served_at"], row["created_at"], row["turn_id"], row))
+    line.sort(key=lambda entry: entry[:4])
+    chosen: list[tuple[str, str]] = []
+    for *_, row in line:
         wanted = row["wanted_drone"]
         if wanted is not None:
-            candidates = [wanted] if wanted in capacity and used[wanted] < capacity[wanted] else []
+            candidates = [wanted] if used[wanted] < capacity[wanted] else []
         else:
             free = [drone for drone, slots in capacity.items() if used[drone] < slots]
             least = min((used[d] / capacity[d] for d in free), default=None)

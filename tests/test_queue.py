@@ -378,6 +378,28 @@ async def test_follow_ups_that_cannot_start_yet_do_not_cost_their_person_a_place
     assert await alice.abort(running["turnId"]) == (True, ABORT_SIGNALED)
 
 
+async def test_a_turn_waiting_for_an_offline_drone_does_not_cost_its_person_a_place(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    """A turn that names a drone that is away counted as its person's first place: her turn
+    for any drone then waited behind another person's second, third, ..."""
+    alice: Browser = await browsers("alice")
+    bob: Browser = await browsers("bob")
+    openai_peer.default = Reply(chunks=["ok"])
+    asked = [(bob, await bob.submit("bob 0"))]
+    asked.append((alice, await alice.submit("alice on the laptop", droneId="laptop")))
+    asked.append((alice, await alice.submit("alice on any")))
+    asked += [(bob, await bob.submit(f"bob {index}")) for index in (1, 2, 3)]
+
+    await start_drone(Upstream("openai", openai_peer))  # one slot; the laptop stays away
+    for browser, ack in asked[2:]:
+        assert (await browser.completion(ack["turnId"], timeout=15))[1] is True
+
+    started = [r.messages[-1]["content"] for r in openai_peer.requests]
+    assert started == ["bob 0", "alice on any", "bob 1", "bob 2", "bob 3"]
+    assert await alice.abort(asked[1][1]["turnId"]) == (True, ABORT_SIGNALED)
+
+
 async def test_a_person_may_have_only_so_many_orders_waiting(
     relay: RelayHandle, browsers: Any
 ) -> None:
