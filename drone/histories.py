@@ -43,10 +43,7 @@ class HistoryKeeper:
         previous = self._kept.pop(order.session_id, None)
         if previous is not None:
             self._chars -= previous[2]
-        size = sum(
-            len(m.content) + sum(64 + len(c.arguments) for c in m.tool_calls or ())
-            for m in order.history
-        )
+        size = sum(message.chars() for message in order.history)
         self._kept[order.session_id] = (order.turn_id, order.history, size)
         self._chars += size
         while self._kept and (len(self._kept) > self.max_sessions or self._chars > self.max_chars):

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from hangar.shared.protocol import ChatMessage, WorkOrder
 from hangar.shared.wire import MAX_ORDER_BYTES
 
+from .snapshots import json_size
 from .store import Database, TurnRecord, TurnStore, session_history
 
 REMEMBERED = 10_000
@@ -97,16 +98,14 @@ async def history_since(
 def could_be_too_large(order: WorkOrder) -> bool:
     """Whether ``order`` might be larger as JSON than a drone takes: a bound from its length
     (twelve bytes a character at most, for one outside the BMP escaped as two)."""
-    chars = len(order.prompt) + sum(
-        len(m.content) + sum(len(c.arguments) for c in m.tool_calls or ()) for m in order.history
-    )
+    chars = len(order.prompt) + sum(message.chars() for message in order.history)
     return 12 * chars + 64 * len(order.history) >= MAX_ORDER_BYTES
 
 
 def too_large(order: WorkOrder) -> str | None:
     """Why ``order`` cannot go to a drone (larger as JSON than a drone takes), or None; made
     only for an order that ``could_be_too_large`` (hundreds of MB to encode: off the loop)."""
-    size = len(json.dumps(order.wire(), separators=(",", ":"))) + len('42/drone,["workOrder",]')
+    size = json_size(order.wire()) + len('42/drone,["workOrder",]')
     if size <= MAX_ORDER_BYTES:
         return None
     return (

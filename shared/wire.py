@@ -108,6 +108,11 @@ class ChatMessage(Wire):
     aborted: bool | None = None
     """Set on an assistant message cut short by an abort: its content is partial."""
 
+    def chars(self) -> int:
+        """Its size in characters: its content, its calls' arguments, and 64 for each call's
+        id and name (what a drone's kept histories, and a work order's size, count)."""
+        return len(self.content) + sum(64 + len(call.arguments) for call in self.tool_calls or ())
+
 
 class Usage(Wire):
     """Tokens a turn used; ``estimated`` when the service did not say (an aborted stream)."""
