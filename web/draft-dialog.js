@@ -2,7 +2,7 @@
 // typed in the composer and has not sent. A modal dialog whose safe answer, keeping the draft,
 // has the keyboard; Esc and a click beside it keep the draft too.
 
-import { confirmDialog, h, preview } from "./ui.js";
+import { answerOf, confirmDialog, h, preview } from "./ui.js";
 
 let dialog = null;
 
@@ -20,10 +20,7 @@ export function confirmReplaceDraft(draft) {
   const d = draftDialog();
   d.querySelector(".dialog-body").textContent =
     `What you typed and have not sent, “${preview(draft, 120)}”, would be replaced by the earlier prompt.`;
-  d.returnValue = "";
-  return new Promise((resolve) => {
-    d.addEventListener("close", () => resolve(d.returnValue === "replace"), { once: true });
-    d.showModal();
-    d.querySelector('button[value="keep"]').focus();
-  });
+  const answer = answerOf(d);
+  d.querySelector('button[value="keep"]').focus();
+  return answer.then((value) => value === "replace");
 }

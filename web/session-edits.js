@@ -2,7 +2,7 @@
 
 import { DELETE_SESSION, RENAME_SESSION } from "./protocol.js";
 import { request } from "./socket.js";
-import { confirmDialog, h, toast } from "./ui.js";
+import { answerOf, confirmDialog, h, toast } from "./ui.js";
 
 const MAX_TITLE_CHARS = 200;
 const EMPTY_TITLE = "A session's title cannot be empty.";
@@ -110,16 +110,10 @@ export function createSessionEdits(list) {
       : `“${s.title}”${whose} and all its turns will be deleted for good.`;
     confirm.hidden = busy;
     cancel.textContent = busy ? "Close" : "Cancel";
-    d.returnValue = "";
-    d.addEventListener(
-      "close",
-      () => {
-        if (d.returnValue === "delete") remove(sessionId);
-        else list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
-      },
-      { once: true },
-    );
-    d.showModal();
+    answerOf(d).then((value) => {
+      if (value === "delete") remove(sessionId);
+      else list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
+    });
     cancel.focus();
   }
 

@@ -168,3 +168,21 @@ export function confirmDialog(name, actions, dismissed) {
   document.body.append(dialog);
   return dialog;
 }
+
+/**
+ * Show a `confirmDialog` and resolve with the answer (its `returnValue`) once this showing
+ * closes. A dialog's close event is queued, not dispatched at once: a showing that closed just
+ * before this one opened (Keep, then Edit again at once) sends it late, and it is not this one's.
+ */
+export function answerOf(dialog) {
+  dialog.returnValue = "";
+  return new Promise((resolve) => {
+    const closed = () => {
+      if (dialog.open) return; // an earlier showing's close, arriving after this one opened
+      dialog.removeEventListener("close", closed);
+      resolve(dialog.returnValue);
+    };
+    dialog.addEventListener("close", closed);
+    dialog.showModal();
+  });
+}
