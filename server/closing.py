@@ -1,12 +1,23 @@
 """What an ending adds to a turn's messages, whoever ends it, so that every stored history is
-a valid conversation; and what a relay that kept more of an ended turn's text adds later."""
+a valid conversation; what a relay that kept more of an ended turn's text adds later; and what
+of an ended turn's text is stored beside its messages (only what they do not hold)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from hangar.shared.protocol import TOOL_CANCELLED, TOOL_LOST, ChatMessage, TurnStatus
+from hangar.shared.protocol import (
+    TERMINAL_STATUSES,
+    TOOL_CANCELLED,
+    TOOL_LOST,
+    ChatMessage,
+    TurnStatus,
+)
+
+if TYPE_CHECKING:
+    from .store import TurnRecord
 
 
 class MessageRefused(ValueError):
@@ -84,10 +95,11 @@ def unstored(
 
 def closing_messages(
     messages: list[ChatMessage], text: str, status: TurnStatus
-) -> tuple[list[ChatMessage], str]:
+) -> tuple[list[ChatMessage], str, str]:
     """What an ending adds to a turn's messages so that the history stays a valid
-    conversation, and the text to store, whoever ends the turn (the drone, or the relay when the
-    drone was lost, did not answer, or the relay restarted).
+    conversation, the turn's text, and what of it to store (``kept_text``), whoever ends the
+    turn (the drone, or the relay when the drone was lost, did not answer, or the relay
+    restarted).
 
     - Text that streamed beyond what the messages hold (the drone was lost mid-answer) is kept
       as an assistant message flagged ``aborted``: the person saw it, the next turn knows it.
@@ -95,12 +107,12 @@ def closing_messages(
     - Every tool call without a result gets one: "cancelled" for an abort, ``TOOL_LOST`` for
       any other ending.
 
-    The text stored is the longer of the streamed text and the messages' (a relay that
+    The turn's text is the longer of the streamed text and the messages' (a relay that
     restarted mid-turn may have lost the streamed text; the messages are durable), and the
     messages' when the streamed text does not begin with theirs (Redis came back empty and
     holds only what streamed since).
     """
-    said = "".join(m.content for m in messages if m.role == "assistant")
+    said = assistant_text(messages)
     answered = {m.tool_call_id for m in messages if m.role == "tool"}
     result = TOOL_CANCELLED if status == "aborted" else TOOL_LOST
     added = [
@@ -113,7 +125,8 @@ def closing_messages(
         text = said  # the streamed text has a gap (Redis came back empty): the messages hold it
     if status != "finished" and len(text) > len(said):
         added.append(ChatMessage(role="assistant", content=text[len(said) :], aborted=True))
-    return added, text if len(text) > len(said) else said
+    text = text if len(text) > len(said) else said
+    return added, text, kept_text([*messages, *added], text)
 
 
 def filled_text(
@@ -122,11 +135,12 @@ def filled_text(
     """What an ended turn gains from a relay that kept more of its text than the ending had
     (the turn was ended by another relay while Redis, which holds running turns' text, was
     away, or before the drone's last text reached the drone's relay): the rest as an assistant
-    message flagged ``aborted``, and the whole text. When the turn already ends with such a
-    message (no tool calls), that one grows instead: ``(True, [it, grown], text)`` says to store
-    it in place of the last one, so the history never holds two answers in a row. None when
-    ``text`` does not extend what is stored."""
-    said = "".join(m.content for m in messages if m.role == "assistant")
+    message flagged ``aborted``. When the turn already ends with such a
+    message (no tool calls), that one grows instead: ``(True, [grown], kept)`` says to store it
+    in place of the last one, so the history never holds two answers in a row. ``kept`` is the
+    turn's text to store (``kept_text``). None when ``text`` does not extend what is stored
+    (``stored``: the turn's own text, empty when its messages hold it)."""
+    said = assistant_text(messages)
     if len(text) <= max(len(stored), len(said)) or not text.startswith(said):
         return None
     if not text.startswith(stored):
@@ -134,8 +148,33 @@ def filled_text(
     rest = text[len(said) :]
     last = messages[-1] if messages else None
     if last is not None and last.role == "assistant" and last.aborted and not last.tool_calls:
-        return True, [last.model_copy(update={"content": last.content + rest})], text
-    return False, [ChatMessage(role="assistant", content=rest, aborted=True)], text
+        grown = [last.model_copy(update={"content": last.content + rest})]
+        return True, grown, kept_text([*messages[:-1], *grown], text)
+    added = [ChatMessage(role="assistant", content=rest, aborted=True)]
+    return False, added, kept_text([*messages, *added], text)
+
+
+def assistant_text(messages: Sequence[ChatMessage]) -> str:
+    """The model's words in ``messages``, in order: an ended turn's text, unless it stores its
+    own (``kept_text``)."""
+    return "".join(m.content for m in messages if m.role == "assistant")
+
+
+def kept_text(messages: Sequence[ChatMessage], text: str) -> str:
+    """What an ended turn whose messages are ``messages`` stores as its text: nothing when the
+    messages hold it, as they do after every ending (``closing_messages``, ``filled_text``) but
+    a finished one whose streamed text went past its messages. An answer is stored once; a read
+    gives an ended turn with no text of its own its messages' (``assistant_text``)."""
+    return "" if text == assistant_text(messages) else text
+
+
+def with_texts(turns: list[TurnRecord]) -> list[TurnRecord]:
+    """Turns read with their messages, each ended one with its text: one whose messages hold its
+    text stores none of its own (``kept_text``)."""
+    for turn in turns:
+        if turn.status in TERMINAL_STATUSES and not turn.text:
+            turn.text = assistant_text(turn.messages)
+    return turns
 
 
 DROP_LAST = (

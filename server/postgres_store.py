@@ -17,7 +17,8 @@ import asyncpg
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, unstored
+from . import closing
+from .closing import DROP_LAST, SHAPES, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -211,11 +212,11 @@ class PostgresTurnStore:
                 "SELECT body FROM messages WHERE turn_id = $1 ORDER BY message_id", turn_id
             )
             messages = [ChatMessage.model_validate(json.loads(r["body"])) for r in found]
-            filled = filled_text(messages, row["text"] or "", _pg(text) or "")
+            filled = closing.filled_text(messages, row["text"] or "", _pg(text) or "")
             if filled is None:
                 return False
-            grown, added, whole = filled
-            await db.execute("UPDATE turns SET text = $1 WHERE turn_id = $2", whole, turn_id)
+            grown, added, kept = filled
+            await db.execute("UPDATE turns SET text = $1 WHERE turn_id = $2", kept, turn_id)
             if grown:
                 await db.execute(DROP_LAST.format("$1"), turn_id)
             await _insert_messages(db, turn_id, added)
@@ -244,13 +245,15 @@ class PostgresTurnStore:
                 fresh, numbers = unstored(stored, ending.messages)
                 await _insert_messages(db, turn_id, fresh, numbers)
                 messages += fresh
-            added, text = closing_messages(messages, _pg(ending.text) or "", ending.status)
-            values = _texts(end_turn_values(turn_id, replace(ending, text=text), from_statuses))
+            added, text, kept = closing.closing_messages(
+                messages, _pg(ending.text) or "", ending.status
+            )
+            values = _texts(end_turn_values(turn_id, ending, from_statuses, kept))
             row = await db.fetchrow(_numbered(end_turn_sql(from_statuses)), *values)
             if row is None:
                 return None
             await _insert_messages(db, turn_id, added)
-            return TurnRecord.of(dict(row))
+            return replace(TurnRecord.of(dict(row)), text=text)
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None
@@ -296,7 +299,7 @@ class PostgresTurnStore:
             by_id[row["turn_id"]].messages.append(
                 ChatMessage.model_validate(json.loads(row["body"]))
             )
-        return turns
+        return closing.with_texts(turns)
 
 
 async def _insert_messages(

@@ -220,6 +220,24 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
     """,
     # A drone's message keeps its number: one sent again is known by it, also after a refusal.
     "ALTER TABLE messages ADD COLUMN number INTEGER;",
+    # An answer is stored once: an ended turn whose messages hold its text keeps none of its own.
+    {
+        "postgresql": """
+        UPDATE turns SET text = '' WHERE status IN ('finished', 'aborted', 'error')
+            AND text <> '' AND text = (
+                SELECT string_agg(body->>'content', '' ORDER BY message_id) FROM messages
+                WHERE messages.turn_id = turns.turn_id AND body->>'role' = 'assistant');
+        """,
+        "sqlite": """
+        UPDATE turns SET text = '' WHERE status IN ('finished', 'aborted', 'error')
+            AND text <> '' AND text = (
+                SELECT group_concat(said, '') FROM (
+                    SELECT json_extract(body, '$.content') AS said FROM messages
+                    WHERE messages.turn_id = turns.turn_id
+                        AND json_extract(body, '$.role') = 'assistant'
+                    ORDER BY message_id));
+        """,
+    },
 ]
 
 

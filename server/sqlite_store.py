@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
-from .closing import DROP_LAST, SHAPES, closing_messages, filled_text, unstored
+from . import closing
+from .closing import DROP_LAST, SHAPES, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_file import refuse_foreign, relay_lock
@@ -255,11 +256,11 @@ class SqliteTurnStore:
             ).fetchone()
             if row is None or row["status"] not in ("aborted", "error"):
                 return False
-            filled = filled_text(_messages_of(conn, turn_id), row["text"] or "", text)
+            filled = closing.filled_text(_messages_of(conn, turn_id), row["text"] or "", text)
             if filled is None:
                 return False
-            grown, added, whole = filled
-            conn.execute("UPDATE turns SET text = ? WHERE turn_id = ?", (whole, turn_id))
+            grown, added, kept = filled
+            conn.execute("UPDATE turns SET text = ? WHERE turn_id = ?", (kept, turn_id))
             if grown:
                 conn.execute(DROP_LAST.format("?"), (turn_id,))
             _insert_messages(conn, turn_id, added)
@@ -288,13 +289,12 @@ class SqliteTurnStore:
             fresh, numbers = unstored(stored, ending.messages)  # once the ending may apply
             _insert_messages(conn, turn_id, fresh, numbers)
             messages = _messages_of(conn, turn_id)
-            added, text = closing_messages(messages, ending.text, ending.status)
-            values = end_turn_values(turn_id, replace(ending, text=text), from_statuses)
-            row = conn.execute(sql, values).fetchone()
-            if row is None:
+            added, text, kept = closing.closing_messages(messages, ending.text, ending.status)
+            row = conn.execute(sql, end_turn_values(turn_id, ending, from_statuses, kept))
+            if (found := row.fetchone()) is None:
                 return None
             _insert_messages(conn, turn_id, added)
-            return TurnRecord.of(dict(row))
+            return replace(TurnRecord.of(dict(found)), text=text)
 
         return await self._write(update)
 
@@ -397,4 +397,4 @@ def _with_messages(conn: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[Tu
         list(by_id),
     ):
         by_id[row["turn_id"]].messages.append(ChatMessage.model_validate(json.loads(row["body"])))
-    return turns
+    return closing.with_texts(turns)

@@ -197,13 +197,14 @@ def end_turn_sql(from_statuses: tuple[TurnStatus, ...]) -> str:
 
 
 def end_turn_values(
-    turn_id: str, ending: Ending, from_statuses: tuple[TurnStatus, ...]
+    turn_id: str, ending: Ending, from_statuses: tuple[TurnStatus, ...], kept: str
 ) -> tuple[Any, ...]:
+    """The values of ``end_turn_sql``; ``kept``: the text the turn stores (``kept_text``)."""
     usage = ending.usage
     return (
         ending.status,
         ending.result,
-        ending.text,
+        kept,
         time.time(),
         ending.reason,
         ending.ended_by,

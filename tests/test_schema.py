@@ -3,10 +3,12 @@ database made by an earlier version upgrades to it."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -198,3 +200,70 @@ async def test_a_postgres_database_of_the_first_release_upgrades(postgres_url: s
     schema = await postgres_schema(postgres_url)
     assert schema.indexes["turns_processing"].where == "status = 'processing'"
     assert schema.indexes["one_processing_turn"].unique
+
+
+TWICE = [
+    # turn, status, its text as an earlier version stored it, its messages, the text it keeps
+    ("t_1", "finished", "Hello there", ["Hello", " there"], ""),
+    ("t_2", "aborted", "Cut sho", ["Cut sho"], ""),
+    ("t_3", "finished", "More than said", ["More"], "More than said"),
+    ("t_4", "processing", "", ["Live"], ""),
+]
+"""Turns stored before an answer was stored once: each answer in the turn's text and again in
+its messages."""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_answers_stored_twice_by_an_earlier_version_are_kept_once_and_read_the_same(
+    tmp_path: Path, postgres_url: str, kind: str
+) -> None:
+    before = len(MIGRATIONS) - 1  # the version before answers were stored once
+    inserts: list[tuple[str, list[tuple[Any, ...]]]] = [
+        ("INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
+         [("s_1", "alice", "Old", 1.0)]),
+        ("INSERT INTO turns (turn_id, session_id, owner, prompt, status, text, created_at)"
+         " VALUES (?, ?, ?, ?, ?, ?, ?)",
+         [(turn, "s_1", "alice", "Hi", status, text, 2.0)
+          for turn, status, text, _, _ in TWICE]),
+        ("INSERT INTO messages (turn_id, body) VALUES (?, ?)",
+         [(turn, json.dumps({"role": role, "content": content}))
+          for turn, _, _, said, _ in TWICE
+          for role, content in [("user", "Hi"), *(("assistant", s) for s in said)]]),
+    ]  # fmt: skip
+    if kind == "sqlite":
+        path = tmp_path / "old.db"
+        db = sqlite3.connect(path)
+        db.executescript("".join(migrations("sqlite")[:before]) + f"PRAGMA user_version={before};")
+        for sql, rows in inserts:
+            db.executemany(sql, rows)
+        db.commit()
+        db.close()
+        store: SqliteTurnStore | PostgresTurnStore = SqliteTurnStore(path)
+    else:
+        pg = await asyncpg.connect(postgres_url)
+        for script in migrations("postgresql")[:before]:
+            await pg.execute(script)
+        await pg.execute("CREATE TABLE hangar_schema (version INTEGER NOT NULL)")
+        await pg.execute("INSERT INTO hangar_schema (version) VALUES ($1)", before)
+        for sql, rows in inserts:
+            *parts, last = sql.split("?")
+            numbered = "".join(f"{part}${n}" for n, part in enumerate(parts, 1)) + last
+            await pg.executemany(numbered.replace("$2)", "$2::jsonb)"), rows)
+        await pg.close()
+        store = PostgresTurnStore(postgres_url)
+
+    await store.open()
+    try:
+        [turns, kept] = [
+            await store.list_turns("s_1"),
+            await store.fetch("SELECT turn_id, text FROM turns ORDER BY turn_id"),
+        ]
+    finally:
+        await store.close()
+
+    assert [(t.turn_id, t.text) for t in turns if t.status != "processing"] == [
+        (turn, text) for turn, status, text, _, _ in TWICE if status != "processing"
+    ]
+    assert [(row["turn_id"], row["text"]) for row in kept] == [
+        (turn, keeps) for turn, _, _, _, keeps in TWICE
+    ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import random
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,6 +374,69 @@ async def test_text_a_relay_kept_past_the_ending_grows_the_cut_answer_instead_of
     assert [(m.role, m.content, bool(m.aborted)) for m in turn.messages] == [
         ("user", "Hi", False), ("assistant", "It says more", True)
     ]  # fmt: skip
+
+
+async def used_bytes(store: TurnStore, location: Location) -> int:
+    """What the store's turns and messages take: SQLite's pages in use, PostgreSQL's tables."""
+    if location.kind == "sqlite":
+        sql = (
+            "SELECT ((SELECT page_count FROM pragma_page_count())"
+            " - (SELECT freelist_count FROM pragma_freelist_count()))"
+            " * (SELECT page_size FROM pragma_page_size()) AS used"
+        )
+    else:
+        sql = "SELECT pg_total_relation_size('turns') + pg_total_relation_size('messages') AS used"
+    return int((await store.fetch(sql))[0]["used"])
+
+
+async def test_an_answer_is_stored_once_and_read_whole_whoever_ends_its_turn(
+    store: TurnStore, location: Location
+) -> None:
+    """An ended turn's answer is in its messages: the store does not keep it a second time as
+    the turn's text (docs/architecture.md, "Storage and several relays"), and every read still
+    gives the text."""
+    size = 1_000_000
+    answers = [base64.b64encode(random.randbytes(size * 3 // 4)).decode() for _ in range(3)]
+    await new_session(store, "s_1")
+    await new_session(store, "s_2")
+    await new_session(store, "s_3")
+    before = await used_bytes(store, location)
+
+    # Finished: the drone's last message is the answer, and the text streamed is the same.
+    await new_turn(store, "t_1", "s_1")
+    said = ChatMessage(role="assistant", content=answers[0])
+    assert await store.end_turn("t_1", Ending("finished", "done", "finished", answers[0],
+                                                messages=((0, said),)))  # fmt: skip
+    # Aborted mid-answer: what streamed becomes the turn's cut answer.
+    await new_turn(store, "t_2", "s_2")
+    assert await end(store, "t_2", "aborted", "aborted", answers[1][: size // 2])
+    # Ended by another relay, and the drone's relay kept more of it (``fill_text``).
+    await new_turn(store, "t_3", "s_3")
+    assert await end(store, "t_3", "error", "lost", answers[2][: size // 2])
+    assert await store.fill_text("t_3", answers[2])
+
+    grew = await used_bytes(store, location) - before
+    assert grew < 1.3 * (size + size // 2 + size), f"{grew:,} bytes for 2.5 MB of answers"
+    expected = {"t_1": answers[0], "t_2": answers[1][: size // 2], "t_3": answers[2]}
+    for turn_id, text in expected.items():
+        read = await store.get_turn(turn_id)
+        assert read is not None and read.text == text
+        assert "".join(m.content for m in read.messages if m.role == "assistant") == text
+    for session_id, turn_id in [("s_1", "t_1"), ("s_2", "t_2"), ("s_3", "t_3")]:
+        [listed] = await store.list_turns(session_id)
+        [recent], _ = await store.recent_turns(session_id, 5)
+        assert listed.text == recent.text == expected[turn_id]
+
+
+async def test_a_finished_turns_text_that_went_past_its_messages_is_kept(store: TurnStore) -> None:
+    await new_session(store, "s_1")
+    await new_turn(store, "t_1", "s_1")
+    await store.add_message("t_1", ChatMessage(role="assistant", content="Half"), 0)
+
+    assert await end(store, "t_1", "finished", "done", "Half and the rest")
+
+    [turn] = await store.list_turns("s_1")
+    assert turn.text == "Half and the rest"
 
 
 async def test_an_ending_with_messages_for_a_queued_turn_stores_nothing(store: TurnStore) -> None:
