@@ -253,7 +253,7 @@ class PostgresTurnStore:
             if row is None:
                 return None
             await _insert_messages(db, turn_id, added)
-            return replace(TurnRecord.of(dict(row)), text=text)
+            return replace(TurnRecord.of(dict(row)), text=_pg(text) or "")
 
     async def processing_turns(
         self, owner: str | None = None, session_id: str | None = None, drone_id: str | None = None

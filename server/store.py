@@ -321,10 +321,12 @@ class TurnStore(Database, Protocol):
         ``QueueFullError`` (storing nothing) when the owner has ``queue_limit`` turns queued."""
 
     async def get_turn(self, turn_id: str, messages: bool = True) -> TurnRecord | None:
-        """The turn, with its messages unless ``messages`` is False."""
+        """The turn, with its messages unless ``messages`` is False (then an ended turn's
+        ``text`` is empty when its messages hold it: ``closing.kept_text``)."""
 
     async def turn_of_request(self, owner: str, request_id: str) -> TurnRecord | None:
-        """The owner's turn made by the submit with ``request_id`` (without its messages)."""
+        """The owner's turn made by the submit with ``request_id`` (without its messages, so
+        without the text they hold, as ``get_turn`` without them)."""
 
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         """The session's turns, oldest first."""
