@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
 
 from .access import Access, follow_revocations
 from .browsers import IdeNamespace
-from .channel import RedisChannel
+from .channel import HEARING_WAIT, RedisChannel
 from .drones import DroneNamespace
 from .live_state import LiveState, LocalLiveState
 from .relay import Relay
@@ -93,12 +94,18 @@ def open_store(database: str, *, relay: bool = False) -> TurnStore:
     return SqliteTurnStore(database.removeprefix("sqlite:///"), relay=relay)
 
 
-def open_live_state(redis: str | None, prefix: str, presence: float = 0.0) -> LiveState:
-    """``presence``: how long this relay's drones stay listed for the others if it dies."""
+def open_live_state(
+    redis: str | None, prefix: str, presence: float = 0.0, channel: RedisChannel | None = None
+) -> LiveState:
+    """``presence``: how long this relay's drones stay listed for the others if it dies;
+    ``channel``: the relays' channel, which must listen for them to be listed."""
     if redis:
         from .redis_state import RedisLiveState
 
-        return RedisLiveState(redis, prefix, presence)
+        state = RedisLiveState(redis, prefix, presence)
+        if channel is not None:
+            state.hears_relays = partial(channel.hearing, HEARING_WAIT)
+        return state
     return LocalLiveState()
 
 
@@ -141,7 +148,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     relay = Relay(
         store,
         sio,
-        open_live_state(config.redis, config.deployment(), config.drone_grace),
+        open_live_state(config.redis, config.deployment(), config.drone_grace, manager),
         drone_token=config.drone_token,
         abort_grace=config.abort_grace,
         drone_grace=config.drone_grace,

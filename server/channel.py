@@ -11,8 +11,9 @@ defines for pub/sub back ends (``_publish`` and ``_listen``):
 - while Redis fails, messages for the other relays are dropped (at most ``OUTBOX_LIMIT`` wait),
   with one log line when it goes and one when it is back: what the other relays' browsers miss
   meanwhile, they get from the store when they next open a session;
-- listening starts again within ``RETRY_MAX`` of Redis answering, and this relay's browsers
-  are then told to ``resync`` (what the others sent meanwhile is lost).
+- listening starts again within ``RETRY_MAX`` of Redis answering (at once when this relay is
+  about to list its drones or send a drone an order through another relay: ``hearing``), and
+  this relay's browsers are then told to ``resync`` (what the others sent meanwhile is lost).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ OUTBOX_LIMIT = 20_000
 """Messages waiting for Redis at most; older ones are dropped past it."""
 RETRY_MAX = 1.0
 """Longest wait between attempts to reach Redis again."""
+HEARING_WAIT = 0.5
+"""Seconds a relay waits at most for its listener to listen again before it lists its drones
+or sends an order through another relay (``hearing``)."""
 
 
 class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
@@ -56,7 +60,10 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
         self._writer: asyncio.Task[None] | None = None
         self._down_since: float | None = None
         self._dropped = 0
-        self._listening = False
+        self._heard = asyncio.Event()
+        """Set while this relay listens to the others."""
+        self._retry = asyncio.Event()
+        """Set to end the listener's wait before its next attempt."""
         self._lost = False
         """The channel was lost once: browsers here are told to resync when it is back."""
 
@@ -126,6 +133,17 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
             self._down_since = None
             self._dropped = 0
 
+    async def hearing(self, within: float) -> bool:
+        """Whether this relay listens to the other relays, once it has tried again at once to
+        listen if it did not, waiting ``within`` at most. An order or an answer published to a
+        relay that does not listen is lost: a drone is listed, and sent an order through
+        another relay, only while both listen."""
+        if not self._heard.is_set():
+            self._retry.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), within)
+        return self._heard.is_set()
+
     async def flush(self) -> None:
         """Wait until what is queued for the other relays is sent (or dropped)."""
         await self._idle.wait()
@@ -150,8 +168,8 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
-                if not self._listening:
-                    self._listening = True
+                if not self._heard.is_set():
+                    self._heard.set()
                     log.info("listening to the other relays on Redis channel %s", self.channel)
                     if self._lost:
                         # What the other relays sent meanwhile is gone: this relay's browsers
@@ -164,13 +182,15 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
                     if message.get("type") == "message":
                         yield message["data"]
             except FAILURES as exc:
-                if self._listening:
-                    self._listening = False
+                if self._heard.is_set():
+                    self._heard.clear()
                     self._lost = True
                     log.warning("lost the Redis channel (%s); listening again", type(exc).__name__)
             finally:
                 with contextlib.suppress(*FAILURES):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                     await client.aclose()
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):  # or at once when asked (``hearing``)
+                await asyncio.wait_for(self._retry.wait(), pause)
+            self._retry.clear()
             pause = min(pause * 2, RETRY_MAX)

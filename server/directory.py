@@ -15,6 +15,7 @@ from hangar.shared.protocol import DRONE_NAMESPACE, DRONES, IDE_NAMESPACE, Drone
 
 from . import queue
 from .background import Later
+from .channel import HEARING_WAIT, RedisChannel
 from .live_state import DroneRoute, LiveState
 from .metrics import RelayMetrics
 from .store import Database
@@ -148,6 +149,8 @@ class DroneDirectory:
             if not answered.done():
                 answered.set_result(args)
 
+        if not here and isinstance(channel := self.sio.manager, RedisChannel):
+            await channel.hearing(min(within, HEARING_WAIT))  # or the answer would be lost
         await self.sio.emit(
             event,
             data,

@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -86,6 +87,9 @@ class RedisLiveState:
         self._heartbeat: asyncio.Task[None] | None = None
         self._ended_from = "0-0"
         """The last entry of the stream of ended turns this relay has read."""
+        self.hears_relays: Callable[[], Awaitable[bool]] | None = None
+        """Whether this relay listens to the others (``RedisChannel.hearing``): its drones are
+        listed only then, or an order sent to one through another relay would be lost."""
         self._reachable = True
         self._endings_doubted = False
         self._trusted_from = time.time()
@@ -350,7 +354,7 @@ class RedisLiveState:
         """Refresh this relay's drones' entries (and write them back after Redis lost them)."""
         while True:
             await asyncio.sleep(HEARTBEAT)
-            if not self.local:
+            if not self.local or (self.hears_relays and not await self.hears_relays()):
                 continue
             try:
                 await self.redis.hset(

@@ -695,6 +695,46 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
         await store.close()
 
 
+async def test_a_turn_sent_through_another_relay_as_redis_comes_back_empty_starts_at_once(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    postgres_url: str,
+    own_redis: OwnRedis,
+) -> None:
+    """An order published to a relay not yet listening to the others again is lost, and sent
+    again only when its answer is overdue (10 s): a relay lists its drones again only once it
+    listens, and sends through another relay only while it listens itself (docs/reliability.md,
+    "Redis"). Three outages: the listener's next attempt and the drones' listing fall in a
+    different order each time."""
+    a = await relay_processes(redis=own_redis.url, drone_grace=2.0)
+    b = await relay_processes(redis=own_redis.url, drone_grace=2.0)
+    drone_process(Upstream("openai", openai_peer), server=a.url)
+    store = PostgresTurnStore(postgres_url)
+    await store.open()
+    browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
+    loop = asyncio.get_running_loop()
+    try:
+        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        for outage in range(3):
+            own_redis.kill()
+            await asyncio.sleep(1.7 + outage * 0.3)  # the fault: listeners try again 1.55 s, 2.55 s in
+            own_redis.start()
+            await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+            openai_peer.script(Reply(chunks=["at ", "once"]))
+            sent = loop.time()
+            ack = await browser.submit(f"Right after outage {outage}")
+            assert await browser.completion(ack["turnId"], timeout=20) == (
+                ack["turnId"],
+                True,
+                "at once",
+            )
+            assert loop.time() - sent < 5.0, f"outage {outage}: {loop.time() - sent:.1f} s"
+    finally:
+        await browser.close()
+        await store.close()
+
+
 async def test_a_call_waiting_for_approval_can_be_approved_after_redis_restarts_empty(
     relay_processes: Start,
     drone_process: Start,
