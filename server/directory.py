@@ -149,6 +149,7 @@ class DroneDirectory:
             if not answered.done():
                 answered.set_result(args)
 
+        deadline = asyncio.get_running_loop().time() + within
         if not here and isinstance(channel := self.sio.manager, RedisChannel):
             await channel.hearing(min(within, HEARING_WAIT))  # or the answer would be lost
         await self.sio.emit(
@@ -161,7 +162,7 @@ class DroneDirectory:
             ignore_queue=here,
         )
         try:
-            async with asyncio.timeout(within):
+            async with asyncio.timeout_at(deadline):  # the wait to listen is within it
                 if here or not follow:
                     args = await answered
                 else:
