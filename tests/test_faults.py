@@ -718,7 +718,8 @@ async def test_a_turn_sent_through_another_relay_as_redis_comes_back_empty_start
         await eventually(lambda: _drones(browser), timeout=15, what="the drone")
         for outage in range(3):
             own_redis.kill()
-            await asyncio.sleep(1.7 + outage * 0.3)  # the fault: listeners try again 1.55 s, 2.55 s in
+            # The fault; the listeners try again about 1.55 s and 2.55 s in.
+            await asyncio.sleep(1.7 + outage * 0.3)
             own_redis.start()
             await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
             openai_peer.script(Reply(chunks=["at ", "once"]))
