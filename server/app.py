@@ -84,13 +84,13 @@ class RelayConfig:
     """Serve the offline demo model at ``/demo/v1`` (OpenAI-compatible, slow canned answers)."""
 
 
-def open_store(database: str, *, relay: bool = False) -> TurnStore:
-    """The store a database setting names: ``postgresql://…``, else a SQLite path (which a
-    relay holds for itself alone)."""
+def open_store(database: str, *, relay: bool = False, deployment: str | None = None) -> TurnStore:
+    """The store a database setting names: ``postgresql://…`` (which a relay shares with its
+    ``deployment``'s relays alone), else a SQLite path (which a relay holds for itself alone)."""
     if database.startswith(("postgresql://", "postgres://")):
         from .postgres_store import PostgresTurnStore
 
-        return PostgresTurnStore(database)
+        return PostgresTurnStore(database, relay=relay, deployment=deployment)
     return SqliteTurnStore(database.removeprefix("sqlite:///"), relay=relay)
 
 
@@ -119,7 +119,8 @@ CLIENTS_DOING = (
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = RedisChannel(config.redis, config.deployment()) if config.redis else None
-    store = store or open_store(config.database, relay=True)
+    deployment = config.deployment() if config.redis else None
+    store = store or open_store(config.database, relay=True, deployment=deployment)
     relay_access: list[Access] = []
     sio = RelayServer(
         client_manager=manager,

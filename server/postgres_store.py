@@ -19,6 +19,7 @@ from hangar.shared.protocol import ChatMessage, TurnStatus
 
 from . import closing
 from .closing import DROP_LAST, SHAPES, unstored
+from .pg_guard import RelayGuard
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -48,9 +49,12 @@ MIGRATIONS = migrations("postgresql")
 
 
 class PostgresTurnStore:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, relay: bool = False, deployment: str | None = None) -> None:
+        """``relay``: a relay's store, held with its ``deployment`` (its Redis channel; None
+        without Redis) for as long as it is open (``pg_guard``)."""
         self.url = url
         self._pool: asyncpg.Pool | None = None
+        self._guard = RelayGuard(url, deployment) if relay else None
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -70,8 +74,12 @@ class PostgresTurnStore:
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
                 await db.execute(script)
                 await db.execute("INSERT INTO hangar_schema (version) VALUES ($1)", number)
+        if self._guard is not None:
+            await self._guard.take()
 
     async def close(self) -> None:
+        if self._guard is not None:
+            await self._guard.release()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None

@@ -27,7 +27,8 @@ from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
-from tests.conftest import Browser, People, Upstream, drone_hello, eventually
+from tests.conftest import DRONE_TOKEN, Browser, People, Upstream, drone_hello, eventually
+from tests.test_cli import hangar
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
 Start = Callable[..., Any]
@@ -759,3 +760,33 @@ async def test_two_deployments_on_one_redis_do_not_hear_each_other(
     finally:
         await client.aclose()
     assert ack["ok"] is True
+
+
+async def test_relays_that_do_not_hear_each_other_are_refused_on_one_postgres_database(
+    relay_processes: Start, postgres_url: str, redis_url: str
+) -> None:
+    """A relay without Redis, or on another Redis channel, beside a deployment's relays would
+    take their running turns for orphans and end them (docs/architecture.md, "Storage and
+    several relays"): it is refused, as a second relay on one SQLite file is."""
+    serve = ("serve", "--port", "0", "--database", postgres_url, "--drone-token", DRONE_TOKEN)
+    first = await relay_processes()
+
+    alone = await hangar(*serve)
+    elsewhere = await hangar(*serve, "--redis", redis_url, "--redis-prefix", "another-one")
+    same = await relay_processes()  # the same deployment is welcome
+
+    assert alone == (
+        1,
+        "",
+        "hangar serve: cannot open the database: other relays use this PostgreSQL database: "
+        "relays that share a database share a Redis (--redis); one relay alone uses SQLite or "
+        "a database of its own.\n",
+    )
+    assert elsewhere[0] == 1 and "they would end each other's turns" in elsewhere[2]
+    for relay in (first, same):
+        relay.kill()
+        await relay.process.wait()
+    # Once they are gone, one relay without Redis may have the database, and only one.
+    await relay_processes(redis=False)
+    assert (await hangar(*serve))[0] == 1
+    assert (await hangar(*serve, "--redis", redis_url))[0] == 1
