@@ -32,6 +32,8 @@ from hangar.shared.protocol import (
     describe,
     drone_name_of,
 )
+from hangar.shared.wire import Ending as DronesEnding
+from hangar.shared.wire import cut
 
 from .accounts import Revocation
 from .connections import AGAIN, UNAVAILABLE, ConnectionNamespace, failures
@@ -46,6 +48,7 @@ INVALID_TOKEN = "Invalid drone token."
 ALREADY_CONNECTED = "A drone with this id is connected already."
 TOKEN_REVOKED = "The drone's token was revoked."
 OWN_TOKEN = "The drone {} has a token of its own; connect with that token."
+UNREADABLE_ENDING = "The drone reported this turn's end in a form the relay cannot take:"
 
 
 class DroneConnection:
@@ -87,11 +90,41 @@ class DroneConnection:
                 ending=args[3] if len(args) == 4 else None,
             )
         except ValidationError as error:
-            return {"ok": False, "error": refusal(error)}
+            return self._unreadable(args, refusal(error))
         drone_id = self.route.drone_id
         return self.lanes.run(
             completion.turn_id, lambda: self.relay.reports.complete(drone_id, completion)
         )
+
+    def _unreadable(
+        self, args: tuple[Any, ...], why: str
+    ) -> asyncio.Future[dict[str, Any]] | dict[str, Any]:
+        """An ending the relay cannot take (a message too long, a count too large) is refused
+        for good, and a turn the drone runs ends in error instead, with the reason: a drone does
+        not send it again, and the turn must not stay processing. One whose bundled messages
+        alone are at fault is only refused: the drone sends them again one at a time."""
+        ending = args[3] if len(args) == 4 else None
+        if isinstance(ending, dict) and "messages" in ending:
+            alone = {key: value for key, value in ending.items() if key != "messages"}
+            with contextlib.suppress(ValidationError):
+                Completion(turn_id=args[0], success=args[1], message=args[2], ending=alone)
+                return {"ok": False, "error": why}
+        try:
+            instead = Completion(
+                turn_id=args[0],
+                success=False,
+                message=cut(f"{UNREADABLE_ENDING} {why}", 2000),
+                ending=DronesEnding(reason="drone_failed"),
+            )
+        except ValidationError:
+            return {"ok": False, "error": why}  # not even a turn: nothing to end
+        drone_id = self.route.drone_id
+
+        async def end() -> dict[str, Any]:
+            await self.relay.reports.complete(drone_id, instead)
+            return {"ok": False, "error": why}
+
+        return self.lanes.run(instead.turn_id, end)
 
     async def close(self) -> None:
         """Finish what the drone sent before it left, then let the relay end its turns."""

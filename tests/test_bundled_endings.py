@@ -15,6 +15,7 @@ import socketio
 from bench.peers import OpenAIPeer, Reply
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
+from hangar.server.drones import UNREADABLE_ENDING
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import DRONE_NAMESPACE
 from tests.bare_relay import BareRelay
@@ -126,6 +127,35 @@ async def test_a_completion_carrying_a_bad_message_is_refused_whole_and_loses_no
     assert await hand_drone.complete(turn_id, good) == {"ok": True}
     await browser.completion(turn_id)
     assert await stored(browser, ack["sessionId"]) == ESSAY
+
+
+@pytest.mark.parametrize(
+    ("message", "ending", "why"),
+    [
+        ("x" * 100_001, {"reason": "model_failed"}, "at most 100000 characters"),
+        ("done", {"reason": "finished", "usage": {"promptTokens": 2**63}}, "usage"),
+        ("done", {"reason": "finished", "usage": {"promptTokens": -1}}, "usage"),
+    ],
+    ids=["a message too long", "a count too large", "a negative count"],
+)
+async def test_an_ending_the_relay_cannot_take_ends_the_turn_in_error_not_never(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any, message: str, ending: Any, why: str
+) -> None:
+    """A drone does not send a refused completion again: a turn whose completion the relay
+    cannot read stayed processing for ever, and its drone's next turns waited behind it
+    (docs/protocol.md, ``workOrderComplete``). It ends in error, saying why."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+
+    answer = await hand_drone.sio.call(
+        "workOrderComplete", (turn_id, True, message, ending), namespace=DRONE_NAMESPACE
+    )
+
+    assert answer["ok"] is False and why in answer["error"]
+    _, success, result = await browser.completion(turn_id)
+    assert success is False and result.startswith(UNREADABLE_ENDING) and why in result
+    assert (await browser.ending(turn_id))["reason"] == "drone_failed"
+    assert await stored(browser, ack["sessionId"]) == [("user", "Write an essay")]
 
 
 class OlderRelay(BareRelay):
