@@ -38,7 +38,7 @@ from hangar.shared.protocol import (
     WorkOrder,
     describe,
 )
-from hangar.shared.wire import MAX_ORDER_BYTES
+from hangar.shared.wire import MAX_ORDER_BYTES, cut
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
 from .engine import RelayClient
@@ -51,6 +51,8 @@ SETTLE_ON_CLOSE = 5.0
 """Seconds a closing drone waits for the relay to confirm the endings it still holds."""
 REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)
 """Seconds between attempts to reach a relay again after one dropped this drone."""
+RESULT_CHARS = 4000
+"""The most of a turn's ending message sent (the relay takes 100,000 at most)."""
 
 
 class DroneRefusedError(Exception):
@@ -180,6 +182,7 @@ class RelayConnection:
         relay confirms it."""
         if (report := self.reports.pop(turn_id, None)) is not None:
             await report.flush()
+        message = cut(message, RESULT_CHARS)  # a model service's error page, say
         self.deliver(turn_id, WORK_ORDER_COMPLETE, (turn_id, success, message, ending.wire()))
 
     def deliver(self, turn_id: str, event: str, data: Any) -> None:

@@ -114,17 +114,21 @@ class ChatMessage(Wire):
         return len(self.content) + sum(64 + len(call.arguments) for call in self.tool_calls or ())
 
 
+MOST_TOKENS = 2**31 - 1
+"""The most tokens a turn's count holds (the store's INTEGER); sums stop there."""
+
+
 class Usage(Wire):
     """Tokens a turn used; ``estimated`` when the service did not say (an aborted stream)."""
 
-    prompt_tokens: int = Field(default=0, ge=0)
-    completion_tokens: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0, le=MOST_TOKENS)
+    completion_tokens: int = Field(default=0, ge=0, le=MOST_TOKENS)
     estimated: bool = False
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
+            prompt_tokens=min(self.prompt_tokens + other.prompt_tokens, MOST_TOKENS),
+            completion_tokens=min(self.completion_tokens + other.completion_tokens, MOST_TOKENS),
             estimated=self.estimated or other.estimated,
         )
 

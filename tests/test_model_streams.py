@@ -6,11 +6,15 @@ cut (docs/protocol.md, "Ordering and endings")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
+from hangar.shared.wire import MOST_TOKENS
 from tests.conftest import Upstream
 from tests.test_agent_service import Recorder, finished, order, tools_in
 from tests.test_upstream_close import provider_for
@@ -150,3 +154,37 @@ async def test_an_empty_answer_fails_the_turn_instead_of_passing_for_one(
         assert await finished(recorder) == (turn_id, False, EMPTY_ANSWER)
         assert recorder.endings[-1].reason == "model_failed"
     assert recorder.messages == []
+
+
+COUNTS = [(-1, 5), (2**63, 5), (10**30, 5)]
+"""Counts no service could mean: negative, beyond what a turn's count holds."""
+
+
+async def counted(upstream: Upstream, tmp_path: Path, counts: tuple[Any, Any]) -> None:
+    """A count no service could mean failed the answer, or was sent on to the relay, which
+    could not store it and left the turn processing: it is no count, and the call's usage is
+    estimated (docs/protocol.md, ``usage``)."""
+    upstream.peer.script(Reply(chunks=["All ", "done."], counts=counts))
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Count"))
+
+    assert await finished(recorder) == ("t_1", True, "All done.")
+    usage = recorder.endings[-1].usage
+    assert usage is not None and usage.estimated
+    assert 0 <= usage.prompt_tokens <= MOST_TOKENS and 0 <= usage.completion_tokens <= MOST_TOKENS
+
+
+@pytest.mark.parametrize("counts", COUNTS, ids=repr)
+async def test_token_counts_no_service_could_mean_are_estimated_and_the_answer_stands(
+    upstream: Upstream, tmp_path: Path, counts: tuple[Any, Any]
+) -> None:
+    await counted(upstream, tmp_path, counts)
+
+
+@pytest.mark.parametrize("counts", [(1.5, 2), ("many", 2), (True, 2)], ids=repr)
+async def test_token_counts_that_are_not_whole_numbers_are_estimated_through_openai(
+    openai_peer: OpenAIPeer, tmp_path: Path, counts: tuple[Any, Any]
+) -> None:
+    """(The Ollama SDK refuses such a count itself, as an answer it cannot read.)"""
+    await counted(Upstream("openai", openai_peer), tmp_path, counts)

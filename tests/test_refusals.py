@@ -249,3 +249,32 @@ def browser_owner(relay: RelayHandle) -> str:
     sessions = next(iter(relay.relay.sio.namespace_handlers["/ide"].connections.values()))
     owner: str = sessions.owner
     return owner
+
+
+async def test_a_model_services_long_error_ends_the_turn_cut_and_the_drone_goes_on(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+) -> None:
+    """A service's error of 200,000 characters went into the turn's ending whole; the relay
+    could not take it, and the turn stayed processing with the drone's next turns behind it.
+    The drone sends 4,000 characters of it, saying how much more there was."""
+    upstream.peer.script(
+        Reply(status=400, error_message="Your request was bad. " + "x" * 200_000),
+        Reply(chunks=["Fine ", "now."]),
+    )
+    await start_drone(upstream)
+    ack = await browser.submit("Fail long")
+
+    _, success, result = await browser.completion(ack["turnId"], timeout=20)
+
+    assert success is False and "Your request was bad." in result
+    assert len(result) < 4200 and result.endswith("more characters not shown]")
+    assert (await browser.ending(ack["turnId"]))["reason"] == "model_failed"
+    again = await browser.submit("Again", sessionId=ack["sessionId"])
+    assert await browser.completion(again["turnId"], timeout=20) == (
+        again["turnId"],
+        True,
+        "Fine now.",
+    )

@@ -107,6 +107,8 @@ class OllamaPeer(UpstreamPeer):
         if reply.cut_short or reply.drop:
             return await self.cut(request, rec, resp)
         final = self._done(rec, model, max(rec.chunks_sent, 1))
+        if reply.counts is not None:
+            final["prompt_eval_count"], final["eval_count"] = reply.counts
         final["done_reason"] = reply.finish or "stop"
         await self.emit(rec, resp, dumps(final) + "\n", counted=False)
         return await self.finish(rec, resp)

@@ -124,8 +124,12 @@ class OpenAIPeer(UpstreamPeer):
     def _tool_call_ids(self, reply: Reply) -> list[str]:
         return [tc.id or random_id("call_") for tc in reply.tool_calls]
 
-    def _usage(self, body: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+    def _usage(
+        self, body: dict[str, Any], completion_tokens: int, reply: Reply | None = None
+    ) -> dict[str, Any]:
         prompt_tokens = max(1, len(dumps(body.get("messages", []))) // 4)
+        if reply is not None and reply.counts is not None:
+            return {"prompt_tokens": reply.counts[0], "completion_tokens": reply.counts[1]}
         return {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -163,7 +167,7 @@ class OpenAIPeer(UpstreamPeer):
                     "finish_reason": "tool_calls" if reply.tool_calls else "stop",
                 }
             ],
-            "usage": self._usage(body, len(reply.chunks) + len(reply.tool_calls)),
+            "usage": self._usage(body, len(reply.chunks) + len(reply.tool_calls), reply),
             "system_fingerprint": self.system_fingerprint,
         }
 
@@ -255,7 +259,7 @@ class OpenAIPeer(UpstreamPeer):
         if reply.cut_short or reply.drop:
             return await self.cut(request, rec, resp)
         finish = reply.finish or ("tool_calls" if reply.tool_calls else "stop")
-        counts = self._usage(body, max(rec.chunks_sent, 1))
+        counts = self._usage(body, max(rec.chunks_sent, 1), reply)
         last = event({}, finish)
         if include_usage and reply.usage_twice:
             last = last.replace('"usage":null', f'"usage":{dumps(counts)}')

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from hangar.shared.abort import AbortSignal
 from hangar.shared.protocol import ChatMessage
+from hangar.shared.wire import MOST_TOKENS
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,21 @@ class UsageReport:
 
     prompt_tokens: int
     completion_tokens: int
+
+    @classmethod
+    def of(cls, prompt: object, completion: object) -> UsageReport | None:
+        """The service's counts (a missing one is 0), or None when one is no count: negative,
+        fractional, not a number, or more than a turn's count holds. The call's usage is then
+        estimated, as for a service that does not say."""
+        counts: list[int] = []
+        for value in (prompt, completion):
+            count = 0 if value is None else value
+            if isinstance(count, bool) or not isinstance(count, int):
+                return None
+            if not 0 <= count <= MOST_TOKENS:
+                return None
+            counts.append(count)
+        return cls(*counts)
 
 
 @dataclass(frozen=True)

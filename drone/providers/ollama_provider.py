@@ -96,8 +96,9 @@ class OllamaProvider:
                 parts += 1
                 done = done or bool(part.done)
                 cut = cut or (bool(part.done) and part.done_reason == "length")
-                if part.done and part.eval_count is not None:
-                    yield UsageReport(part.prompt_eval_count or 0, part.eval_count)
+                counted = part.eval_count is not None and part.done
+                if counted and (report := UsageReport.of(part.prompt_eval_count, part.eval_count)):
+                    yield report
                 message = part.message
                 if message.content:
                     yield TextChunk(message.content)

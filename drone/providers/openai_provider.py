@@ -168,7 +168,7 @@ class _Reading:
             usage = chunk.get("usage")
             if usage:
                 prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-                self.usage = UsageReport(int(prompt or 0), int(completion or 0))
+                self.usage = UsageReport.of(prompt, completion) or self.usage
             for choice in chunk.get("choices") or ():
                 if choice.get("finish_reason"):
                     self.finished.append(str(choice["finish_reason"]))
