@@ -44,6 +44,7 @@ request_failures = QuietLog(log)
 
 LOGIN_COOKIE = "hangar_login"
 BAD_LOGIN = "Wrong user name or password."
+BAD_FORM = "The login form could not be read; send it again from the login page."
 TOO_MANY_LOGINS = "Too many failed logins; try again in a few minutes."
 FOREIGN_ORIGIN = "Requests from other sites are refused."
 ERROR_MARK = "<!--login-error-->"
@@ -224,7 +225,10 @@ class Access:
         async def login(request: web.Request) -> web.StreamResponse:
             if not self._request_origin_allowed(request):
                 raise web.HTTPForbidden(text=FOREIGN_ORIGIN)
-            form = await request.post()
+            try:
+                form = await request.post()
+            except (ValueError, LookupError):  # not UTF-8, an unknown charset, no boundary
+                return self._login_page(page_dir, BAD_FORM, 400)
             name, password = form.get("username"), form.get("password")
             if not isinstance(name, str) or not isinstance(password, str):
                 return self._login_page(page_dir, BAD_LOGIN, 400)

@@ -18,7 +18,7 @@ import pytest
 import socketio
 
 from bench.peers import OpenAIPeer, Reply
-from hangar.server.access import BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
+from hangar.server.access import BAD_FORM, BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
 from hangar.server.accounts import MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
@@ -536,6 +536,34 @@ async def test_a_login_form_posted_from_another_site_is_refused(relay: RelayHand
     ):
         assert response.status == 403
         assert LOGIN_COOKIE not in response.cookies
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/x-www-form-urlencoded", b"username=ada&password=\xff\xfe"),
+        ("application/x-www-form-urlencoded; charset=no-such-charset", b"username=a&password=b"),
+        ("multipart/form-data; boundary=", b"x"),
+    ],
+    ids=["not UTF-8", "an unknown charset", "a multipart form without a boundary"],
+)
+async def test_a_login_form_that_cannot_be_read_is_refused_without_a_traceback(
+    relay: RelayHandle, caplog: pytest.LogCaptureFixture, content_type: str, body: bytes
+) -> None:
+    """It was answered 500, with a traceback in the relay's log."""
+    caplog.set_level(logging.DEBUG)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            relay.url + "/login",
+            data=body,
+            headers={"Content-Type": content_type},
+            allow_redirects=False,
+        ) as response,
+    ):
+        assert response.status == 400
+        assert BAD_FORM in await response.text()
+    assert "Traceback" not in caplog.text
 
 
 # ---- members and admins
