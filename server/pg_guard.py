@@ -1,5 +1,6 @@
-"""Who may share a PostgreSQL database: the relays of one deployment (they hear each other on
-one Redis channel), or one relay without Redis, alone.
+"""Who may use a PostgreSQL database: Hangar alone (not a database of another program's or of a
+newer Hangar), and the relays of one deployment (they hear each other on one Redis channel), or
+one relay without Redis, alone.
 
 Relays on one database that do not hear each other would each take the other's running turns
 for orphans and end them (a drone they do not list runs them). So each relay holds an advisory
@@ -46,6 +47,23 @@ OTHERS = """
 
 class DatabaseShared(Exception):
     """Relays of another deployment (or one without Redis) use the database."""
+
+
+class ForeignDatabase(Exception):
+    """The database is another program's, or a newer Hangar's."""
+
+
+async def refuse_foreign(db: asyncpg.Connection, migrations: int) -> None:
+    """Refuse, before writing anything, a database (its current schema) that holds another
+    program's tables, or that a newer release of Hangar migrated."""
+    if await db.fetchval("SELECT to_regclass('hangar_schema')") is None:
+        tables = await db.fetchval(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"
+        )
+        if tables:
+            raise ForeignDatabase("it holds another program's tables, not Hangar's.")
+    elif (await db.fetchval("SELECT max(version) FROM hangar_schema") or 0) > migrations:
+        raise ForeignDatabase("a newer release of Hangar made it; this one cannot use it.")
 
 
 def deployment_key(deployment: str | None) -> int:

@@ -19,7 +19,7 @@ from hangar.shared.protocol import ChatMessage, TurnStatus
 
 from . import closing
 from .closing import DROP_LAST, SHAPES, unstored
-from .pg_guard import RelayGuard
+from .pg_guard import RelayGuard, refuse_foreign
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .store import (
@@ -69,6 +69,7 @@ class PostgresTurnStore:
         async with self.pool.acquire() as db, db.transaction():
             # One relay migrates at a time; the others wait on the lock, then find it done.
             await db.execute("SELECT pg_advisory_xact_lock(726541)")
+            await refuse_foreign(db, len(MIGRATIONS))
             await db.execute("CREATE TABLE IF NOT EXISTS hangar_schema (version INTEGER NOT NULL)")
             version = await db.fetchval("SELECT max(version) FROM hangar_schema") or 0
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from hangar.server.pg_guard import ForeignDatabase
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.schema import migrations
 from hangar.server.sqlite_store import MIGRATIONS, SqliteTurnStore
@@ -179,6 +180,37 @@ async def test_a_sqlite_file_that_is_not_this_hangars_is_refused_and_left_as_it_
     }
     assert str(refused.value) == expected[made_by]
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("made_by", ["another program", "a newer Hangar"])
+async def test_a_postgres_database_that_is_not_this_hangars_is_refused_and_left_as_it_was(
+    postgres_url: str, made_by: str
+) -> None:
+    """A database of another program's got Hangar's tables beside its own (from a command
+    that only lists people, too), as a SQLite file of another program's does not."""
+    db = await asyncpg.connect(postgres_url)
+    if made_by == "another program":
+        await db.execute("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
+    else:
+        await db.execute(
+            "CREATE TABLE hangar_schema (version INTEGER NOT NULL);"
+            f"INSERT INTO hangar_schema VALUES ({len(MIGRATIONS) + 1});"
+        )
+    tables = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1"
+    before = await db.fetch(tables)
+
+    store = PostgresTurnStore(postgres_url)
+    with pytest.raises(ForeignDatabase) as refused:
+        await store.open()
+    await store.close()
+
+    expected = {
+        "another program": "it holds another program's tables, not Hangar's.",
+        "a newer Hangar": "a newer release of Hangar made it; this one cannot use it.",
+    }
+    assert str(refused.value) == expected[made_by]
+    assert await db.fetch(tables) == before
+    await db.close()
 
 
 async def test_a_postgres_database_of_the_first_release_upgrades(postgres_url: str) -> None:
