@@ -158,6 +158,8 @@ class DroneReports:
     ) -> dict[str, Any]:
         live = await self._attach(drone_id, event.turn_id)
         if isinstance(live, str):
+            if live == TURN_ENDED_ALREADY and isinstance(event, TextDelta) and event.depth == 0:
+                await self._fill_ended(event)
             self._stop_zombie(drone_id, event.turn_id, live)
             return {"ok": False, "error": live}
         self.metrics.progress_events.inc()
@@ -231,6 +233,19 @@ class DroneReports:
         else:
             live.said = event.at + len(text)
         return text
+
+    async def _fill_ended(self, event: TextDelta) -> None:
+        """Keep the text its drone sends again, as it reconnects, of a turn the relay ended
+        while the drone was away without all of it (the relay restarted and lost what had
+        streamed, and the person aborted before the drone was back): what the ending lacked."""
+        whole = event.text
+        if event.at:
+            turn = await self.store.get_turn(event.turn_id)
+            if turn is None or len(turn.text) != event.at:
+                return
+            whole = turn.text + event.text
+        if await self.store.fill_text(event.turn_id, whole):
+            log.info("turn=%s: the text its drone sent again is stored", event.turn_id)
 
     def _stop_zombie(self, drone_id: str, turn_id: str, why: str) -> None:
         """A drone streaming a turn that has ended (the relay ended it while the drone was away

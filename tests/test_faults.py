@@ -397,6 +397,49 @@ async def test_a_relay_restart_mid_turn_loses_no_text(
         await again.close()
 
 
+async def test_an_abort_after_a_relay_restart_before_the_drone_is_back_keeps_the_text(
+    sqlite_relay: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+) -> None:
+    """The restarted relay had none of the text that streamed (it was in its memory), and
+    ended the turn with none of it; the drone, back, sent the text again and was refused. What
+    the person saw is kept, as README says of an abort."""
+    openai_peer.script(SLOW)
+    url, process, _ = await sqlite_relay()
+    drone = drone_process(Upstream("openai", openai_peer), server=url)
+    database = relay_folder(tmp_path) / "hangar.db"
+    browser = await Browser(url, await person_token(database)).connect()
+    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    turn_id = (await browser.submit("Say a lot"))["turnId"]
+    await browser.wait_text(turn_id, pieces=5, timeout=10)
+    seen = browser.text(turn_id)
+    await browser.close()
+
+    drone.send_signal(signal.SIGSTOP)  # it is away while the relay restarts and the abort comes
+    try:
+        process.kill()
+        await asyncio.wait_for(process.wait(), 10)
+        url, _, _ = await sqlite_relay()
+        again = await Browser(url, await person_token(database)).connect()
+        assert await again.abort(turn_id) == (True, ABORT_SIGNALED)
+    finally:
+        drone.send_signal(signal.SIGCONT)
+    try:
+
+        async def text_kept() -> TurnRecord | None:
+            turn = await _ended_turn(database, turn_id)
+            return turn if turn is not None and turn.text.startswith(seen) else None
+
+        turn = await eventually(text_kept, timeout=15, what="the text seen, stored")
+        assert turn.status == "aborted" and reply_text(SLOW).startswith(turn.text)
+        assert roles(turn) == [("user", "Say a lot"), ("assistant", turn.text)]
+        await a_next_turn_works(again, turn.session_id, openai_peer)
+    finally:
+        await again.close()
+
+
 @pytest.mark.parametrize("grace", [1.0, 2.0])
 async def test_a_drone_comes_back_to_a_relay_stopped_and_started_again(
     sqlite_relay: Start,
