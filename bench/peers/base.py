@@ -91,6 +91,9 @@ class Reply:
     them: each call's first piece carries its id and name."""
     usage_twice: bool = False
     """(OpenAI) The usage sent on the finishing chunk as well as after it."""
+    linger: float = 0.0
+    """(Ollama) Seconds the response stays open after its ``"done": true`` line, as a server
+    that keeps the connection: the answer is whole already."""
     counts: tuple[Any, Any] | None = None
     """The token counts the service reports (prompt, completion) in place of its own, whatever
     they are: OpenAI's ``usage``, Ollama's ``prompt_eval_count`` and ``eval_count``."""

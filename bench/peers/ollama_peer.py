@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from datetime import UTC, datetime
@@ -111,6 +112,8 @@ class OllamaPeer(UpstreamPeer):
             final["prompt_eval_count"], final["eval_count"] = reply.counts
         final["done_reason"] = reply.finish or "stop"
         await self.emit(rec, resp, dumps(final) + "\n", counted=False)
+        if reply.linger:
+            await asyncio.sleep(reply.linger)
         return await self.finish(rec, resp)
 
     @staticmethod

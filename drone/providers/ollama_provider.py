@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
 from contextvars import ContextVar
@@ -83,6 +84,13 @@ class OllamaProvider:
                 # The SDK sends the request on the first read; its response hook attaches it.
                 token = _UPSTREAM.set(upstream)
                 try:
+                    if done:  # the answer is whole: its end is read, if it comes at once
+                        try:
+                            async with asyncio.timeout(AFTER_DONE):
+                                await stream.__anext__()  # more after the done line: not heard
+                        except TimeoutError:
+                            break  # the server keeps the stream open: closed here
+                        continue
                     part = await stream.__anext__()
                 except StopAsyncIteration:
                     break
@@ -172,6 +180,9 @@ def _arguments(text: str) -> dict[str, Any]:
 
 
 UNREADABLE = "The Ollama server sent a line that is not a chat response."
+AFTER_DONE = 0.2
+"""Seconds the end of a stream is waited for after its done line (read, the connection serves
+the next request); a server that keeps it open longer has it closed."""
 
 
 def _describe(error: Exception) -> str:
