@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
-from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED
+from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED, NO_REASON
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
 from hangar.shared.wire import MOST_TOKENS
@@ -201,3 +201,44 @@ async def test_an_ollama_answer_is_whole_at_its_done_line_though_the_stream_stay
 
     assert await finished(recorder) == ("t_1", True, "All done.")
     assert recorder.endings[-1].reason == "finished"
+
+
+PAGE = (
+    "<html><head><title>404 Not Found</title><style>body { color: red }</style></head>"
+    "<body><h1>404 Not Found</h1><hr>nginx</body></html>"
+)
+ERROR_BODIES = [
+    (("text/html", PAGE), "404 Not Found 404 Not Found nginx"),
+    (("application/json", ""), NO_REASON),
+    (("text/plain", "line one\nline two\x00\x1b[31m"), "line one line two [31m"),
+]
+"""Error bodies a model service (or a proxy before it) may answer with, and what a person
+reads of them: the page's words, one line, no control character."""
+
+
+@pytest.mark.parametrize(("body", "said"), ERROR_BODIES, ids=["html", "empty", "control"])
+async def test_a_model_services_error_is_told_in_its_own_words_on_one_line(
+    upstream: Upstream, tmp_path: Path, body: tuple[str, str], said: str
+) -> None:
+    """An HTML page was shown raw (Ollama) or lost for the SDK's "Error code: 404" (OpenAI); an
+    empty body said nothing after its colon; newlines and escapes went into the drone's log."""
+    upstream.peer.script(Reply(status=404, error_body=body))
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Fail"))
+
+    _, success, message = await finished(recorder)
+
+    server = "The model service" if upstream.provider == "openai" else "The Ollama server"
+    assert (success, message) == (False, f"{server} answered 404: {said}")
+
+
+async def test_an_error_that_is_a_json_string_is_told_in_its_words(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    openai_peer.script(Reply(status=404, error_body=("application/json", '"overloaded"')))
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Fail"))
+
+    assert await finished(recorder) == ("t_1", False, "The model service answered 404: overloaded")

@@ -91,6 +91,9 @@ class Reply:
     them: each call's first piece carries its id and name."""
     usage_twice: bool = False
     """(OpenAI) The usage sent on the finishing chunk as well as after it."""
+    error_body: tuple[str, str] | None = None
+    """With an error ``status``: the response's content type and body as given, in place of the
+    API's JSON error (an HTML page from a proxy, an empty body, a JSON string)."""
     linger: float = 0.0
     """(Ollama) Seconds the response stays open after its ``"done": true`` line, as a server
     that keeps the connection: the answer is whole already."""
@@ -307,6 +310,19 @@ class UpstreamPeer:
         rec.completed = True
         self._notify()
         return resp
+
+    async def send_error(
+        self, request: web.Request, rec: RecordedRequest, reply: Reply, payload: Any
+    ) -> web.StreamResponse:
+        """The reply's error ``status`` with ``payload`` as JSON, or its ``error_body``."""
+        if reply.error_body is None:
+            return await self.send_json(request, rec, reply.status, payload, reply.headers)
+        content_type, body = reply.error_body
+        resp = web.Response(status=reply.status, body=body.encode(), headers=reply.headers)
+        resp.headers["Content-Type"] = content_type
+        rec.status = reply.status
+        await resp.prepare(request)
+        return await self.finish(rec, resp)
 
     async def send_json(
         self,

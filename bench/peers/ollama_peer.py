@@ -79,7 +79,7 @@ class OllamaPeer(UpstreamPeer):
             error = reply.error_message or (
                 SERVER_ERROR_MESSAGE if reply.status >= 500 else "invalid request"
             )
-            return await self.send_json(request, rec, reply.status, {"error": error})
+            return await self.send_error(request, rec, reply, {"error": error})
 
         model = str(body["model"])
         if body.get("stream", True) is False:

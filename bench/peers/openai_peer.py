@@ -114,7 +114,7 @@ class OpenAIPeer(UpstreamPeer):
             )
             err_type = "server_error" if server_side else "invalid_request_error"
             err = error_body(message, err_type)
-            return await self.send_json(request, rec, reply.status, err, reply.headers)
+            return await self.send_error(request, rec, reply, err)
 
         if body.get("stream"):
             return await self._stream(request, rec, reply, body)

@@ -12,6 +12,9 @@ of the abort. No retry follows an abort.
 from __future__ import annotations
 
 import contextlib
+import html
+import json
+import re
 import socket
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +22,7 @@ from typing import Any, Protocol
 
 from hangar.shared.abort import AbortSignal
 from hangar.shared.protocol import ChatMessage
-from hangar.shared.wire import MOST_TOKENS
+from hangar.shared.wire import MOST_TOKENS, cut
 
 
 @dataclass(frozen=True)
@@ -199,3 +202,29 @@ class UpstreamShutdown:
         with contextlib.suppress(OSError, TypeError, ValueError), sock.dup() as same:
             if (same.getsockname(), same.getpeername()) == self._names:
                 same.shutdown(socket.SHUT_RDWR)
+
+
+SAID_CHARS = 500
+"""The most of a model service's own explanation of an error a turn's ending quotes."""
+NO_REASON = "(no reason given)"
+
+
+def said_by_service(body: str) -> str:
+    """What a model service's error says, for a person, on one line: the message of a JSON
+    error (``{"error": {"message": …}}``, ``{"error": "…"}``, ``{"message": …}`` or a JSON
+    string), else its text without markup (an HTML error page's words); never a control
+    character (it goes into logs too), at most ``SAID_CHARS`` characters."""
+    text = body
+    with contextlib.suppress(ValueError):
+        found = json.loads(body)
+        if isinstance(found, dict):
+            found = found.get("error", found.get("message", found))
+            if isinstance(found, dict):
+                found = found.get("message", found)
+        if isinstance(found, str):
+            text = found
+    if "<" in text and ">" in text:
+        text = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>|<[^>]*>", " ", text)
+        text = html.unescape(text)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return cut(text, SAID_CHARS) or NO_REASON

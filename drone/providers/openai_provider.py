@@ -29,6 +29,7 @@ from .base import (
     ToolSpec,
     UpstreamShutdown,
     UsageReport,
+    said_by_service,
 )
 from .message_json import MessageJson
 from .retry import retry_wait, too_long
@@ -238,15 +239,13 @@ def _arguments(text: str) -> str:
 
 def _describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APIStatusError):
-        detail = error.message
         try:
-            body = error.response.json()
-            detail = body.get("error", {}).get("message") or detail
-        except (ValueError, AttributeError, json.JSONDecodeError):
-            pass
-        return f"The model service answered {error.status_code}: {detail}"
+            body = error.response.text
+        except Exception:  # a body that could not be read
+            body = ""
+        return f"The model service answered {error.status_code}: {said_by_service(body)}"
     if isinstance(error, openai.APITimeoutError):
         return "The model service timed out."
     if isinstance(error, openai.APIConnectionError):
         return "The model service could not be reached."
-    return f"The model service failed: {error}"
+    return f"The model service failed: {said_by_service(str(error))}"
