@@ -24,7 +24,7 @@ from .wire import (
     EndReason,
     Id,
     NumberedMessage,
-    OneLine,
+    Title,
     ToolCall,
     TurnStatus,
     Usage,
@@ -173,7 +173,7 @@ class ListSessions(Wire):
 
 
 class RenameSession(SessionRef):
-    title: Annotated[OneLine, Field(max_length=200)]
+    title: Title
 
 
 # ---- relay <-> browser views

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 TurnStatus = Literal["queued", "processing", "finished", "aborted", "error"]
@@ -60,9 +60,10 @@ def _one_line(text: Any) -> Any:
     return " ".join(text.split()) if isinstance(text, str) else text
 
 
-OneLine = Annotated[str, BeforeValidator(_one_line)]
-"""Text kept on one line: runs of white space (line breaks too) become one space, and none is
-left at either end; a length bound counts what is kept."""
+Title = Annotated[str, StringConstraints(max_length=200), BeforeValidator(_one_line)]
+"""A title, kept on one line: runs of white space (line breaks too) become one space, and none
+is left at either end; its bound of 200 characters counts what is kept (the constraint stands
+before the validator that runs first, so its refusal speaks of characters)."""
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 """What an id (of a turn, a session, a tool call) looks like."""
