@@ -42,9 +42,21 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--drone-token",
         env="HANGAR_DRONE_TOKEN",
         default="",
-        help="a secret every drone may present, for a single relay (HANGAR_DRONE_TOKEN; "
-        "default: none, drones need their own token from hangar drone-token create)",
+        check=drone_secret,
+        help="a secret every drone may present, for a single relay, of 16 characters or more "
+        "(HANGAR_DRONE_TOKEN; default: none, drones need their own token from hangar "
+        "drone-token create)",
     )
+
+
+def drone_secret(text: str) -> str:
+    """A shared drone token long enough not to be guessed (its text is never repeated)."""
+    if text and len(text) < 16:
+        raise ValueError(
+            "expected a secret of 16 characters or more (whoever guesses it may run a drone "
+            f"here), got {len(text)}."
+        )
+    return text
 
 
 def listen_host(text: str) -> str:

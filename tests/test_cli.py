@@ -145,6 +145,12 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         (["drone"], {"HANGAR_CONCURRENCY": "two"},
          "hangar drone: HANGAR_CONCURRENCY (for --concurrency): expected a whole number "
          "from 1 to 1024, got 'two'."),
+        (["serve", "--drone-token", "abc"], {},
+         "hangar serve: --drone-token: expected a secret of 16 characters or more (whoever "
+         "guesses it may run a drone here), got 3."),
+        (["serve"], {"HANGAR_DRONE_TOKEN": "secret"},
+         "hangar serve: HANGAR_DRONE_TOKEN (for --drone-token): expected a secret of 16 "
+         "characters or more (whoever guesses it may run a drone here), got 6."),
         (["serve", "--abort-grace", "soon"], {},
          f"hangar serve: --abort-grace: {SECONDS}, got 'soon'."),
         (["serve"], {"HANGAR_DRONE_GRACE": "-1"},
@@ -192,7 +198,8 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "base-url-env-without-host", "provider-env", "server-with-a-space", "host-empty",
         "ollama-host-scheme", "redis-without-scheme", "redis-env-port", "database-scheme",
         "database-env-folder", "port", "port-env",
-        "concurrency", "concurrency-env", "abort-grace", "drone-grace-env", "deadline",
+        "concurrency", "concurrency-env", "drone-token", "drone-token-env", "abort-grace",
+        "drone-grace-env", "deadline",
         "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
         "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",
         "workdir-a-file", "demo-workdir-env",
