@@ -108,6 +108,8 @@ class Reaper:
         self.started_at = time.time()
         self.timers: dict[str, asyncio.TimerHandle] = {}
         """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
+        self.delivering: set[str] = set()
+        """Turns whose drone said it finished them while an abort watchdog waits for their end."""
         self.missing_since: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._tick: Callable[[], None] = lambda: None
@@ -124,9 +126,21 @@ class Reaper:
         for handle in self.timers.values():
             handle.cancel()
 
-    def watch_abort(self, turn_id: str) -> None:
-        """End the turn aborted if its drone does not complete it within ``abort_grace``."""
+    def watch_abort(self, turn_id: str, finished: bool = False) -> None:
+        """End the turn aborted if its drone does not complete it within ``abort_grace``;
+        ``finished``: the drone said it runs the turn no more (it is still sending what the turn
+        said, its completion last): each message it sends gives it the grace again."""
         if turn_id not in self.timers:
+            self.timers[turn_id] = self.later(
+                self.abort_grace, partial(self._abort_watchdog, turn_id)
+            )
+            if finished:
+                self.delivering.add(turn_id)
+
+    def still_delivering(self, turn_id: str) -> None:
+        """The drone of a turn it said it finished sent one of its messages: not lost."""
+        if turn_id in self.delivering and (handle := self.timers.pop(turn_id, None)):
+            handle.cancel()
             self.timers[turn_id] = self.later(
                 self.abort_grace, partial(self._abort_watchdog, turn_id)
             )
@@ -138,12 +152,14 @@ class Reaper:
 
     def forget(self, turn_id: str) -> None:
         """The turn ended, or its drone came back: no relay-side ending is due."""
+        self.delivering.discard(turn_id)
         if (handle := self.timers.pop(turn_id, None)) is not None:
             handle.cancel()
         self.missing_since.pop(turn_id, None)
 
     async def _abort_watchdog(self, turn_id: str) -> None:
         self.timers.pop(turn_id, None)
+        self.delivering.discard(turn_id)
         assert self.endings is not None
         if await self.endings.end_turn(turn_id, Ending("aborted", ABORTED, "unanswered")):
             log.warning("abort watchdog ended turn=%s: no completion from the drone", turn_id)

@@ -187,6 +187,7 @@ class DroneReports:
                     return {"ok": False, "error": TURN_ENDED_ALREADY}
             except MessageRefused as refusal:
                 return refused(drone_id, event.turn_id, refusal)
+            self.reaper.still_delivering(event.turn_id)
             payload = shown_message(payload)
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.

@@ -306,7 +306,7 @@ class TurnLifecycle(TurnEndings):
         # A drone that says it runs no such turn ended it: its completion is on its way, or was
         # lost (its first answer to the order was); either way the turn ends within the grace.
         if mode == "now" and (success or message == NO_ACTIVE_WORK_ORDER):
-            self.reaper.watch_abort(turn_id)
+            self.reaper.watch_abort(turn_id, finished=not success)
         elif success and message == STOP_AFTER_STEP:  # every tab shows it stops after its step
             self._asked(turn_id, viewer)
             stopping = {"turnId": turn_id, "sessionId": turn.session_id}

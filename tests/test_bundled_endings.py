@@ -17,7 +17,7 @@ from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.drones import UNREADABLE_ENDING
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.protocol import DRONE_NAMESPACE
+from hangar.shared.protocol import DRONE_NAMESPACE, NO_ACTIVE_WORK_ORDER
 from tests.bare_relay import BareRelay
 from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, drone_hello, eventually
 
@@ -28,6 +28,7 @@ class HandDrone:
     def __init__(self) -> None:
         self.sio = socketio.AsyncClient(reconnection=False)
         self.orders: asyncio.Queue[str] = asyncio.Queue()
+        self.abort_answer = (True, "Abort signaled")
         self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
         self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
 
@@ -42,7 +43,11 @@ class HandDrone:
         return {"ok": True}
 
     async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
-        return True, "Abort signaled"
+        return self.abort_answer
+
+    async def message(self, turn_id: str, number: int, message: dict[str, Any]) -> Any:
+        event = {"kind": "message", "turnId": turn_id, "number": number, "message": message}
+        return await self.sio.call("workOrderProgress", event, namespace=DRONE_NAMESPACE)
 
     async def complete(self, turn_id: str, ending: dict[str, Any]) -> Any:
         return await self.sio.call(
@@ -156,6 +161,37 @@ async def test_an_ending_the_relay_cannot_take_ends_the_turn_in_error_not_never(
     assert success is False and result.startswith(UNREADABLE_ENDING) and why in result
     assert (await browser.ending(turn_id))["reason"] == "drone_failed"
     assert await stored(browser, ack["sessionId"]) == [("user", "Write an essay")]
+
+
+async def test_a_turn_its_drone_finished_ends_as_the_drone_says_while_it_delivers_its_messages(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any
+) -> None:
+    """A drone that answers an abort "No active work order to abort" has finished the turn and
+    may still be sending what it said, a message per answer (thousands of tool results): the
+    relay waited its grace (2 s) from the abort, ended the turn aborted ("unanswered"), and
+    stored the results still on their way as lost. Each message gives the drone the grace again."""
+    hand_drone.abort_answer = (False, NO_ACTIVE_WORK_ORDER)
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+    calls = [{"id": f"c{n}", "name": "list_directory", "arguments": "{}"} for n in range(3)]
+    asked = {"role": "assistant", "content": "", "toolCalls": calls}
+    assert await hand_drone.message(turn_id, 0, asked) == {"ok": True}
+
+    assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
+    for n in range(3):  # 3.6 s of deliveries, past the grace
+        await asyncio.sleep(1.2)  # the drone's pace, not a wait for the relay
+        result = {"role": "tool", "content": f"files {n}", "toolCallId": f"c{n}"}
+        assert await hand_drone.message(turn_id, n + 1, result) == {"ok": True}
+    last = {"number": 4, "message": {"role": "assistant", "content": "Listed."}}
+    done = ("workOrderComplete", (turn_id, True, "Listed.", {"reason": "finished",
+                                                             "messages": [last]}))  # fmt: skip
+    assert await hand_drone.sio.call(*done, namespace=DRONE_NAMESPACE) == {"ok": True}
+
+    assert await browser.completion(turn_id) == (turn_id, True, "Listed.")
+    assert (await browser.ending(turn_id))["reason"] == "finished"
+    history = await stored(browser, ack["sessionId"])
+    assert history[-4:] == [("tool", "files 0"), ("tool", "files 1"), ("tool", "files 2"),
+                            ("assistant", "Listed.")]  # fmt: skip
 
 
 class OlderRelay(BareRelay):
