@@ -37,7 +37,7 @@ from .accounts import Revocation
 from .closing import MessageRefused
 from .directory import DRONE_CALL_TIMEOUT, SENDS
 from .limits import QuietLog
-from .live_state import DroneRoute, LiveTurn
+from .live_state import DroneRoute, LiveTurn, LocalLiveState
 from .snapshots import shown
 from .store import Ending
 
@@ -236,15 +236,20 @@ class DroneReports:
         return text
 
     async def _fill_ended(self, event: TextDelta) -> None:
-        """Keep the text its drone sends again, as it reconnects, of a turn the relay ended
-        while the drone was away without all of it (the relay restarted and lost what had
-        streamed, and the person aborted before the drone was back): what the ending lacked."""
-        whole = event.text
-        if event.at:
-            turn = await self.store.get_turn(event.turn_id)
-            if turn is None or len(turn.text) != event.at:
-                return
-            whole = turn.text + event.text
+        """Keep the text its drone sends again, as it reconnects, of a turn this relay ended
+        while the drone was away without the text that had streamed (the relay keeps it in
+        memory, and restarted since the turn started; then the person aborted before the drone
+        was back): what the ending lacked. A relay that streamed the turn had all the person
+        saw: what the drone streamed after the ending is not kept."""
+        if not isinstance(self.live_state, LocalLiveState):
+            return  # Redis holds running turns' text across restarts
+        turn = await self.store.get_turn(event.turn_id)
+        started = turn.started_at if turn is not None else None
+        if turn is None or started is None or started >= self.reaper.started_at:
+            return
+        if event.at and len(turn.text) != event.at:
+            return  # a later piece of a text it sends again: after the piece that came first
+        whole = turn.text + event.text if event.at else event.text
         if await self.store.fill_text(event.turn_id, whole):
             log.info("turn=%s: the text its drone sent again is stored", event.turn_id)
 

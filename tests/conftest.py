@@ -467,7 +467,8 @@ async def relay_processes(
         extra: tuple[str, ...] = (),
     ) -> RelayProcess:
         """``redis``: the shared test Redis, False for none, or a URL (a test's own server)."""
-        log = open(tmp_path / f"relay-{len(started)}.log", "w+b")  # noqa: SIM115, ASYNC230
+        # Appended to: the relay's writes never land where the test last read (one offset).
+        log = open(tmp_path / f"relay-{len(started)}.log", "ab")  # noqa: SIM115, ASYNC230
         shared = ["--redis", redis if isinstance(redis, str) else redis_url] if redis else []
         process = await asyncio.create_subprocess_exec(
             *HANGAR, "serve", "--port", str(port),
@@ -477,10 +478,10 @@ async def relay_processes(
         )  # fmt: skip
 
         def listening() -> str | None:
-            log.seek(0)
-            found = re.search(rb"listening on (http://\S+)/", log.read())
+            written = Path(log.name).read_bytes()
+            found = re.search(rb"listening on (http://\S+)/", written)
             if process.returncode is not None:
-                raise AssertionError(f"relay exited: {log.read().decode()}")
+                raise AssertionError(f"relay exited: {written.decode()}")
             return found.group(1).decode() if found else None
 
         url = await eventually(listening, timeout=20, what="the relay to listen")
