@@ -156,6 +156,13 @@ async def test_a_sqlite_file_of_the_first_release_upgrades(tmp_path: Path) -> No
     assert indexes["turns_processing"].where == "status = 'processing'"
 
 
+REFUSED = {
+    "another program": "it holds another program's tables, not Hangar's.",
+    "a newer Hangar": "a newer release of Hangar made it; this one cannot use it.",
+}
+"""Why a database that is not this Hangar's is refused, by who made it."""
+
+
 @pytest.mark.parametrize("made_by", ["another program", "a newer Hangar"])
 async def test_a_sqlite_file_that_is_not_this_hangars_is_refused_and_left_as_it_was(
     tmp_path: Path, made_by: str
@@ -174,11 +181,7 @@ async def test_a_sqlite_file_that_is_not_this_hangars_is_refused_and_left_as_it_
         await store.open()
     await store.close()
 
-    expected = {
-        "another program": "it holds another program's tables, not Hangar's.",
-        "a newer Hangar": "a newer release of Hangar made it; this one cannot use it.",
-    }
-    assert str(refused.value) == expected[made_by]
+    assert str(refused.value) == REFUSED[made_by]
     assert path.read_bytes() == before
 
 
@@ -204,11 +207,7 @@ async def test_a_postgres_database_that_is_not_this_hangars_is_refused_and_left_
         await store.open()
     await store.close()
 
-    expected = {
-        "another program": "it holds another program's tables, not Hangar's.",
-        "a newer Hangar": "a newer release of Hangar made it; this one cannot use it.",
-    }
-    assert str(refused.value) == expected[made_by]
+    assert str(refused.value) == REFUSED[made_by]
     assert await db.fetch(tables) == before
     await db.close()
 
