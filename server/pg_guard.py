@@ -133,8 +133,7 @@ class RelayGuard:
                 with contextlib.suppress(Exception):
                     await conn.fetchval("SELECT 1")
                     continue
-                with contextlib.suppress(Exception):
-                    await conn.close()
+                conn.terminate()  # gone with the database: not waited for
             self._conn = None
             try:
                 await self._take()
@@ -150,6 +149,5 @@ class RelayGuard:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
         if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._conn.close()
+            self._conn.terminate()  # its lock goes with it; a relay stops without waiting
         self._conn = self._watch = None
