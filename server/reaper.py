@@ -131,9 +131,7 @@ class Reaper:
         ``finished``: the drone said it runs the turn no more (it is still sending what the turn
         said, its completion last): each message it sends gives it the grace again."""
         if turn_id not in self.timers:
-            self.timers[turn_id] = self.later(
-                self.abort_grace, partial(self._abort_watchdog, turn_id)
-            )
+            self._arm_abort_watchdog(turn_id)
             if finished:
                 self.delivering.add(turn_id)
 
@@ -141,9 +139,10 @@ class Reaper:
         """The drone of a turn it said it finished sent one of its messages: not lost."""
         if turn_id in self.delivering and (handle := self.timers.pop(turn_id, None)):
             handle.cancel()
-            self.timers[turn_id] = self.later(
-                self.abort_grace, partial(self._abort_watchdog, turn_id)
-            )
+            self._arm_abort_watchdog(turn_id)
+
+    def _arm_abort_watchdog(self, turn_id: str) -> None:
+        self.timers[turn_id] = self.later(self.abort_grace, partial(self._abort_watchdog, turn_id))
 
     def watch_orphan(self, turn_id: str, drone_id: str) -> None:
         """End the turn in error if its drone is not back within ``drone_grace``."""

@@ -290,11 +290,11 @@ class SqliteTurnStore:
             _insert_messages(conn, turn_id, fresh, numbers)
             messages = _messages_of(conn, turn_id)
             added, text, kept = closing.closing_messages(messages, ending.text, ending.status)
-            row = conn.execute(sql, end_turn_values(turn_id, ending, from_statuses, kept))
-            if (found := row.fetchone()) is None:
+            written = conn.execute(sql, end_turn_values(turn_id, ending, from_statuses, kept))
+            if (row := written.fetchone()) is None:
                 return None
             _insert_messages(conn, turn_id, added)
-            return replace(TurnRecord.of(dict(found)), text=text)
+            return replace(TurnRecord.of(dict(row)), text=text)
 
         return await self._write(update)
 
