@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -477,6 +478,11 @@ async def _drones(browser: Browser) -> list[Any]:
     return drones
 
 
+def _resyncs(browser: Browser, times: int) -> bool:
+    """Whether ``browser`` was told to resync ``times`` times at least."""
+    return len([event for event, _ in browser.events if event == RESYNC]) >= times
+
+
 async def _ended_turn(database: Path, turn_id: str) -> TurnRecord | None:
     store = SqliteTurnStore(database)
     await store.open()
@@ -765,6 +771,12 @@ async def test_a_turn_sent_through_another_relay_as_redis_comes_back_empty_start
             await asyncio.sleep(1.7 + outage * 0.3)
             own_redis.start()
             await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+            # The browser's relay listens again too: what the other relay publishes before it
+            # does is lost, and its browsers are told to resync (the page opens its session
+            # again); a script follows suit by waiting for that notice.
+            await eventually(
+                partial(_resyncs, browser, outage + 1), 10, "the browser's relay listening again"
+            )
             openai_peer.script(Reply(chunks=["at ", "once"]))
             sent = loop.time()
             ack = await browser.submit(f"Right after outage {outage}")
