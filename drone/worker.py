@@ -5,7 +5,6 @@ drone then reports every running work order aborted and exits."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from hangar.shared.abort import AbortController, AbortError, AbortSignal
 from .config import DEFAULT_MODELS, PROVIDERS, DroneConfig, make_provider
 from .connection import DroneRefusedError, RelayConnection, WorkOrders
 from .pool import WorkerPool, WorkerStartError
+from .reach import reach_relay
 from .service import AgentService, ToolSettings
 from .status import StatusLine
 from .tools.sandbox import detect_sandbox
@@ -26,30 +26,6 @@ __all__ = ["DEFAULT_MODELS", "PROVIDERS", "DroneConfig", "make_provider", "run_d
 log = logging.getLogger("hangar.drone")
 
 WORKERS_HINT = "--workers 0 runs work orders in the drone's own process"
-RETRY_DELAYS = (1.0, 2.0, 3.0, 5.0)
-"""Seconds between attempts to reach a relay that is not up yet (the last one repeats)."""
-
-
-async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
-    """Connect, waiting for a relay that is not up yet; False if ``signal`` fires first.
-
-    Raises ``DroneRefusedError`` when a relay refuses this drone: waiting cannot help then.
-    """
-    attempt = 0
-    while not signal.aborted:
-        try:
-            await connection.connect()
-            return True
-        except ConnectionError:
-            pass
-        delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
-        attempt += 1
-        urls = connection.urls
-        which = f"relay {urls[0]} is" if len(urls) == 1 else f"relays {', '.join(urls)} are"
-        log.warning("%s not up yet; trying again in %g s", which, delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(signal.wait(), delay)
-    return False
 
 
 def tool_settings(config: DroneConfig) -> ToolSettings | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.access import LOGIN_COOKIE
@@ -334,6 +335,41 @@ async def test_ctrl_c_stops_a_drone_waiting_for_its_relay_at_once() -> None:
         "2 s",
         "3 s",
     ]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "said"),
+    [
+        ("http", "it answers HTTP 404 Not Found at /socket.io/, as no Hangar relay does"),
+        ("https", "it does not speak HTTPS (http:// instead?)"),
+    ],
+)
+async def test_a_drone_pointed_at_what_is_not_a_relay_says_what_answers_there(
+    scheme: str, said: str
+) -> None:
+    """python-socketio says only "Connection error": "not up yet" would have its operator wait
+    for ever on a mistyped address."""
+    runner = web.AppRunner(web.Application())  # a web server, not a relay: 404 everywhere
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    args = waiting_drone_args(port)
+    args[args.index("--server") + 1] = f"{scheme}://127.0.0.1:{port}"
+    drone = await start(*args)
+    try:
+        lines = await lines_until(drone.stderr, lambda line: "trying again in 1 s" in line)
+        drone.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(drone.wait(), 10) == 0
+    finally:
+        if drone.returncode is None:
+            drone.kill()
+            await drone.wait()
+        await runner.cleanup()
+
+    assert lines[-1].endswith(
+        f"WARNING hangar.drone relay {scheme}://127.0.0.1:{port} is not reachable as a relay: "
+        f"{said}; trying again in 1 s"
+    )
 
 
 async def test_a_second_relay_on_the_same_sqlite_file_is_refused_while_the_first_runs(

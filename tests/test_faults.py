@@ -903,10 +903,10 @@ async def test_a_drone_whose_relay_does_not_answer_its_connect_waits_and_connect
     drone = drone_process(Upstream("openai", openai_peer), server=url)
     log = tmp_path / "proc-drone-0.log"
     try:
-        # Its own attempts end "not up yet" (python-socketio's reconnects come in between);
-        # the third met one of those.
+        # Its own attempts end "could not connect" (python-socketio's reconnects come in
+        # between); the third met one of those.
         await eventually(
-            lambda: log.read_text().count("not up yet") >= 3 or drone.poll() is not None,
+            lambda: log.read_text().count("could not connect") >= 3 or drone.poll() is not None,
             60,
             "three attempts",
         )

@@ -1,0 +1,102 @@
+"""Reaching a relay at start: waiting for one that is not up yet, and saying why an address
+that answers is not a relay (python-socketio's client says only "Connection error")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from hangar.shared.abort import AbortSignal
+
+from .connection import RelayConnection
+
+log = logging.getLogger("hangar.drone")
+
+RETRY_DELAYS = (1.0, 2.0, 3.0, 5.0)
+"""Seconds between attempts to reach a relay that is not up yet (the last one repeats)."""
+LOOK_WITHIN = 3.0
+"""Seconds a look at what answers at a relay's address may take."""
+ENGINE_PATH = "/socket.io/?EIO=4&transport=polling"
+"""Where a relay (any socket.io server) answers a plain HTTP request with a session."""
+
+
+async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
+    """Connect, waiting for a relay that is not up yet; False if ``signal`` fires first.
+
+    Raises ``DroneRefusedError`` when a relay refuses this drone: waiting cannot help then. An
+    address where something else answers is tried again too (it may be a relay being
+    deployed), but the warning says what answers there.
+    """
+    attempt = 0
+    while not signal.aborted:
+        try:
+            await connection.connect()
+            return True
+        except ConnectionError:
+            pass
+        delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+        attempt += 1
+        urls = connection.urls
+        which = f"relay {urls[0]} is" if len(urls) == 1 else f"relays {', '.join(urls)} are"
+        found = await asyncio.gather(*(what_answers(url) for url in urls))
+        said = [
+            f"{url} {answer}" if len(urls) > 1 else answer
+            for url, answer in zip(urls, found, strict=True)
+            if answer
+        ]
+        if said:
+            log.warning(
+                "%s not reachable as a relay: %s; trying again in %g s",
+                which,
+                "; ".join(said),
+                delay,
+            )
+        else:
+            log.warning("%s not up yet; trying again in %g s", which, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), delay)
+    return False
+
+
+async def what_answers(url: str) -> str | None:
+    """What answers at a relay's address that the drone could not connect to, in a few words;
+    None when nothing does (a relay not up yet)."""
+    timeout = aiohttp.ClientTimeout(total=LOOK_WITHIN)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(origin(url) + ENGINE_PATH, allow_redirects=False) as response,
+        ):
+            body = await response.content.read(200)
+    except aiohttp.ClientConnectorCertificateError as error:
+        return f"its TLS certificate is not trusted ({error.certificate_error})"
+    except aiohttp.ClientSSLError:
+        return "it does not speak HTTPS (http:// instead?)"
+    except aiohttp.ClientConnectorDNSError:
+        return "its host name does not resolve"
+    except (aiohttp.ClientConnectorError, TimeoutError):
+        return None  # nothing listens there (yet), or it does not answer at all
+    except aiohttp.ClientError:
+        return "it does not answer HTTP (https:// instead?)"
+    if response.status == 200 and body.startswith(b"0{") and b'"sid"' in body:
+        # A socket.io server, a relay (its refusal of this drone, if any, is said on its own).
+        return (
+            "it answers as a relay does, but the drone could not connect (a relay still"
+            " starting, or a proxy in between that does not pass websockets)"
+        )
+    status = (
+        f"HTTP {response.status} {response.reason}"
+        if response.reason
+        else f"HTTP {response.status}"
+    )
+    return f"it answers {status} at /socket.io/, as no Hangar relay does"
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL: socket.io's path starts there whatever the URL's own."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
