@@ -38,7 +38,7 @@ from .directory import SENDS, DroneDirectory, DroneMoved
 from .histories import Histories, could_be_too_large, too_large
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveState
-from .queue import Place, places
+from .queue import Place
 from .rooms import Rooms
 from .store import Ending, TurnRecord, TurnStore
 
@@ -293,7 +293,7 @@ class Dispatcher:
                 self.announce()
 
     async def _send_places(self) -> None:
-        found = places(await queue.queue_order(self.store))
+        found = await queue.where_queued(self.store, self.live_state)
         watched = {p.session_id for p in found if self.rooms.watched_here(p.session_id)}
         current = {place.turn_id: place for place in found if place.session_id in watched}
         sent = 0
@@ -312,7 +312,7 @@ class Dispatcher:
 
     async def place(self, turn_id: str) -> Place | None:
         """Where a queued turn stands now (for a snapshot)."""
-        for found in places(await queue.queue_order(self.store)):
+        for found in await queue.where_queued(self.store, self.live_state):
             if found.turn_id == turn_id:
                 return found
         return None

@@ -16,9 +16,11 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from .live_state import LiveState
 from .store import Database, TurnRecord
 
 QUEUE_ORDER = """
@@ -112,10 +114,11 @@ class Place:
     drone_id: str | None
 
 
-def places(queue: list[dict[str, Any]]) -> list[Place]:
-    """Each queued turn's place in line: ready turns ahead of it that could take its slot (all
-    of them for a turn that takes any drone; for one that waits for a drone, those waiting for
-    it or for any)."""
+def places(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[Place]:
+    """Each queued turn's place in line: ready turns ahead of it that could take its slot (for
+    a turn that takes any drone, those for any drone and those waiting for a drone ``online``;
+    for one that waits for a drone, those waiting for it or for any). ``None``: which drones
+    are online is not known now, and every drone named counts as online."""
     ahead_any = 0
     ahead_for: Counter[str] = Counter()
     found = []
@@ -125,7 +128,8 @@ def places(queue: list[dict[str, Any]]) -> list[Place]:
             found.append(Place(row["turn_id"], row["session_id"], 0, wanted))
             continue
         if wanted is None:
-            position = ahead_any + sum(ahead_for.values()) + 1
+            named = sum(n for drone, n in ahead_for.items() if online is None or drone in online)
+            position = ahead_any + named + 1
             ahead_any += 1
         else:
             position = ahead_any + ahead_for[wanted] + 1
@@ -137,6 +141,16 @@ def places(queue: list[dict[str, Any]]) -> list[Place]:
 async def queue_order(db: Database) -> list[dict[str, Any]]:
     """Every queued turn in the order they start (``QUEUE_ORDER`` rows)."""
     return await db.fetch(QUEUE_ORDER)
+
+
+async def where_queued(db: Database, live: LiveState) -> list[Place]:
+    """Every queued turn's place in line now."""
+    order = await queue_order(db)
+    try:
+        online: set[str] | None = {route.drone_id for route in await live.drones()}
+    except Exception:  # Redis cannot say now: every drone named counts
+        online = None
+    return places(order, online)
 
 
 async def queued_count(db: Database, owner: str) -> int:

@@ -203,8 +203,9 @@ class Rooms:
             )
             turns, more = await self.store.recent_turns(session_id, wanted, before)
             if where is None and any(turn.status == "queued" for turn in turns):
-                order = await queue.queue_order(self.store)
-                where = {p.turn_id: p.position for p in queue.places(order)}
+                where = {
+                    p.turn_id: p.position for p in await queue.where_queued(self.store, self.live)
+                }
             for turn in reversed(turns):
                 if not page.add((await self._turn_view(turn, where or {})).wire()):
                     more = True

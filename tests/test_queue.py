@@ -400,6 +400,25 @@ async def test_a_turn_waiting_for_an_offline_drone_does_not_cost_its_person_a_pl
     assert await alice.abort(asked[1][1]["turnId"]) == (True, ABORT_SIGNALED)
 
 
+async def test_a_turn_waiting_for_an_offline_drone_is_not_counted_ahead_of_one_for_any(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    """Bob's turn for any drone was shown second in line behind Alice's for her laptop, which is
+    away: it starts on the next drone that comes, and is shown first."""
+    alice: Browser = await browsers("alice")
+    bob: Browser = await browsers("bob")
+    await alice.submit("alice on the laptop", droneId="laptop")
+    ack = await bob.submit("bob on any")
+
+    assert (await place_of(bob, ack["turnId"]))["position"] == 1
+    opened = await bob.call("openSession", {"sessionId": ack["sessionId"]})
+    assert [turn["position"] for turn in opened["turns"]] == [1]
+
+    openai_peer.default = Reply(chunks=["ok"])
+    await start_drone(Upstream("openai", openai_peer))
+    assert await bob.completion(ack["turnId"]) == (ack["turnId"], True, "ok")
+
+
 async def test_a_person_may_have_only_so_many_orders_waiting(
     relay: RelayHandle, browsers: Any
 ) -> None:
