@@ -157,6 +157,30 @@ async def test_fetch_refuses_a_public_looking_name_that_resolves_to_loopback(v4:
     assert v4.requests == [f"www.example.com:{v4.port} /"]
 
 
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("2002:7f00:1::1", "a 6to4 address of a loopback address"),
+        ("2002:a00:1::", "a 6to4 address of a private address"),
+        ("fec0::1", "a site-local address"),
+    ],
+)
+async def test_fetch_refuses_ipv6_addresses_that_lead_to_private_networks(
+    address: str, why: str
+) -> None:
+    """A 6to4 address reaches the IPv4 host it wraps (10.0.0.1, 127.0.0.1) where 6to4 is
+    routed, and site-local addresses are private: some Python releases call both global."""
+    url = "http://www.example.com/"
+
+    with pytest.raises(ToolError) as refused:
+        await fetch(url, resolver=Names(www_example_com=address))
+
+    assert str(refused.value) == (
+        f"Fetching {url} was refused: www.example.com ({address}) is {why}; "
+        "only public addresses may be fetched."
+    )
+
+
 @pytest.mark.parametrize("hop", ["written address", "name"])
 async def test_fetch_checks_every_redirect_hop(hop: str, v4: Pages, v6: Pages) -> None:
     """The first page is allowed (its network is let through); its redirect leads to ::1."""

@@ -1,9 +1,10 @@
 """``fetch_url``: an HTTP GET of a public address, closed the moment the work order is aborted.
 
-Private, loopback, link-local, multicast, reserved and unspecified addresses are refused unless
-allowed: checked on the addresses a name resolves to (in the connector's resolver, so the
-connection goes to the address that was checked) and on every redirect, which is followed here,
-one hop at a time. The body is read in bounded chunks up to a cap.
+Private (IPv6 site-local included), loopback, link-local, multicast, reserved and unspecified
+addresses, and IPv4-mapped or 6to4 addresses of those, are refused unless allowed: checked on
+the addresses a name resolves to (in the connector's resolver, so the connection goes to the
+address that was checked) and on every redirect, which is followed here, one hop at a time. The
+body is read in bounded chunks up to a cap.
 """
 
 from __future__ import annotations
@@ -48,8 +49,15 @@ class AddressPolicy:
         """Why ``address`` is refused ("a loopback address"), or None if it is allowed."""
         if self.allow_private or any(address in network for network in self.also_allowed):
             return None
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            return self.refusal(address.ipv4_mapped)
+        if isinstance(address, ipaddress.IPv6Address):
+            if address.ipv4_mapped is not None:
+                return self.refusal(address.ipv4_mapped)
+            # Where 6to4 is routed, its address reaches the IPv4 host it wraps; and site-local
+            # addresses are private (Python before 3.11.10 and 3.12.4 calls both global).
+            if address.sixtofour is not None and (wrapped := self.refusal(address.sixtofour)):
+                return f"a 6to4 address of {wrapped}"
+            if address.is_site_local:
+                return "a site-local address"
         kinds = (
             ("an unspecified", address.is_unspecified),
             ("a loopback", address.is_loopback),
