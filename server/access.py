@@ -33,7 +33,15 @@ import asyncpg
 import redis
 from aiohttp import web
 
-from .accounts import API_TOKEN_PREFIX, LOGIN_SECONDS, Accounts, Revocation, User, token_hash
+from .accounts import (
+    API_TOKEN_PREFIX,
+    LOGIN_SECONDS,
+    USER_NAME,
+    Accounts,
+    Revocation,
+    User,
+    token_hash,
+)
 from .connections import UNAVAILABLE
 from .limits import QuietLog
 
@@ -233,15 +241,17 @@ class Access:
             if not isinstance(name, str) or not isinstance(password, str):
                 return self._login_page(page_dir, BAD_LOGIN, 400)
             address = self.client_address(request)
-            keys = (f"user:{name.strip()}", f"address:{address}")
-            if await self.accounts.login_attempt(*keys):
+            # A name no person can have is not kept (nor checked): only the address counts.
+            named = USER_NAME.fullmatch(name.strip()) is not None
+            address_key, user_key = f"address:{address}", f"user:{name.strip()}"
+            if await self.accounts.login_attempt(address_key, user_key if named else None):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
-            user = await self.accounts.check_password(name.strip(), password)
+            user = await self.accounts.check_password(name.strip(), password) if named else None
             if user is None:
                 log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)
-            await self.accounts.login_succeeded(*keys)
+            await self.accounts.login_succeeded(address_key, user_key)
             response = web.HTTPSeeOther("/")
             self._set_cookie(request, response, await self.accounts.log_in(user))
             log.info("login user=%s", user.name)

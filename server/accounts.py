@@ -35,6 +35,8 @@ MAX_USER_FAILURES = 5
 """Failed logins for one user name within ``FAILURE_WINDOW`` before it is refused."""
 MAX_ADDRESS_FAILURES = 20
 """Failed logins from one address within ``FAILURE_WINDOW`` before it is refused."""
+PRUNE_EVERY = 60.0
+"""Seconds between removals of failed logins older than ``FAILURE_WINDOW``."""
 API_TOKEN_PREFIX = "hgt_"
 _HASHER = PasswordHasher()
 
@@ -82,6 +84,8 @@ def token_hash(token: str) -> str:
 class Accounts:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._pruned = 0.0
+        """When failed logins past their window were last removed."""
 
     # ---- people
 
@@ -289,13 +293,20 @@ class Accounts:
 
     # ---- failed logins
 
-    async def login_attempt(self, *keys: str) -> bool:
-        """Count an attempt against each of ``keys`` (a user name's, an address's) before its
-        password is checked, so guesses sent at once cannot all pass; whether any of them has
-        failed too often lately (then the password is not checked)."""
+    async def login_attempt(self, address_key: str, user_key: str | None) -> bool:
+        """Count an attempt against an address and a user name (None: no name a person could
+        have) before its password is checked, so guesses sent at once cannot all pass; whether
+        either has failed too often lately (then the password is not checked). A name is not
+        counted while its address is refused: the record grows by what an address may try."""
         now = time.time()
-        refused = False
-        for key in keys:
+        if now - self._pruned > PRUNE_EVERY:
+            self._pruned = now
+            await self.db.execute(
+                "DELETE FROM login_failures WHERE since <= ?", now - FAILURE_WINDOW
+            )
+        for key, limit in ((address_key, MAX_ADDRESS_FAILURES), (user_key, MAX_USER_FAILURES)):
+            if key is None:
+                continue
             await self.db.execute(
                 "INSERT INTO login_failures (failure_key, failures, since) VALUES (?, 1, ?)"
                 " ON CONFLICT (failure_key) DO UPDATE SET"
@@ -311,19 +322,18 @@ class Accounts:
             rows = await self.db.fetch(
                 "SELECT failures FROM login_failures WHERE failure_key = ?", key
             )
-            limit = MAX_ADDRESS_FAILURES if key.startswith("address:") else MAX_USER_FAILURES
-            refused = refused or bool(rows and rows[0]["failures"] > limit)
-        return refused
+            if rows and rows[0]["failures"] > limit:
+                return True
+        return False
 
-    async def login_succeeded(self, user_key: str, *others: str) -> None:
-        """The attempt was no failure: the name's count starts again, the others' lose it."""
+    async def login_succeeded(self, address_key: str, user_key: str) -> None:
+        """The attempt was no failure: the name's count starts again, the address's loses it."""
         await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", user_key)
-        for key in others:
-            await self.db.execute(
-                "UPDATE login_failures SET failures = failures - 1"
-                " WHERE failure_key = ? AND failures > 0",
-                key,
-            )
+        await self.db.execute(
+            "UPDATE login_failures SET failures = failures - 1"
+            " WHERE failure_key = ? AND failures > 0",
+            address_key,
+        )
 
     # ---- revocations
 

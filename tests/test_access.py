@@ -19,7 +19,7 @@ import socketio
 
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.access import BAD_FORM, BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
-from hangar.server.accounts import MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
+from hangar.server.accounts import FAILURE_WINDOW, MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
@@ -268,6 +268,29 @@ async def test_repeated_failures_from_one_address_lock_it(
         assert (await login.log_in(f"guess-{index}", "guess"))[0] == 401
 
     assert (await login.log_in("ada", PASSWORD))[0] == 429
+
+
+async def test_failed_logins_are_kept_within_a_bound_whatever_names_are_sent(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    """Each failed name was kept for ever, 500 kB of it at a time, and still while its address
+    was locked out: anyone who reaches the login page could fill the relay's disk."""
+    db = relay.relay.store
+    await db.execute(  # a failure from long ago
+        "INSERT INTO login_failures (failure_key, failures, since) VALUES (?, 1, ?)",
+        "user:someone",
+        time.time() - FAILURE_WINDOW - 1,
+    )
+    login = logins()
+    for index in range(MAX_ADDRESS_FAILURES):
+        assert (await login.log_in(f"{index}-" + "x" * 500_000, "guess"))[0] == 401
+    for index in range(5):  # names a person could have, once the address is locked out
+        assert (await login.log_in(f"guess-{index}", "guess"))[0] == 429
+
+    kept = await db.fetch("SELECT failure_key, failures FROM login_failures")
+    assert [(row["failure_key"], row["failures"]) for row in kept] == [
+        ("address:127.0.0.1", MAX_ADDRESS_FAILURES + 5)
+    ]
 
 
 @contextlib.asynccontextmanager
