@@ -136,6 +136,9 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
     def __init__(self, relay: Relay) -> None:
         super().__init__(DRONE_NAMESPACE)
         self.relay = relay
+        self._joining: dict[str, tuple[asyncio.Lock, int]] = {}
+        """A lock for each drone id being let in here, with how many connects hold or wait
+        for it."""
 
     def inline(
         self, sid: str, data: list[Any]
@@ -184,12 +187,24 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             if claimed and await self.relay.accounts.has_drone_token(claimed):
                 raise socketio.exceptions.ConnectionRefusedError(OWN_TOKEN.format(claimed))
         instance = hashlib.sha256(hello.instance.encode()).hexdigest()
-        connected = await self.relay.directory.route(hello.drone_id)
-        if connected is not None and not hmac.compare_digest(connected.instance, instance):
-            raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
-        route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
-        self.connections[sid] = DroneConnection(self.relay, route)
-        to_abort = await self.relay.reports.drone_joined(route, hello.running)
+        # One drone's connects here are let in one at a time: checked together, each would
+        # find none connected yet.
+        lock, waiting = self._joining.get(hello.drone_id, (asyncio.Lock(), 0))
+        self._joining[hello.drone_id] = (lock, waiting + 1)
+        try:
+            async with lock:
+                connected = await self.relay.directory.route(hello.drone_id)
+                if connected is not None and not hmac.compare_digest(connected.instance, instance):
+                    raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
+                route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
+                self.connections[sid] = DroneConnection(self.relay, route)
+                to_abort = await self.relay.reports.drone_joined(route, hello.running)
+        finally:
+            lock, waiting = self._joining[hello.drone_id]
+            if waiting == 1:
+                del self._joining[hello.drone_id]
+            else:
+                self._joining[hello.drone_id] = (lock, waiting - 1)
         if to_abort:  # told once the connection is accepted, in a task of its own
             self.relay.background.spawn(self.relay.reports.abort_on_drone(route, to_abort))
 

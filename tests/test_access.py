@@ -716,6 +716,41 @@ async def test_the_shared_token_cannot_open_a_drone_that_has_a_token_of_its_own(
     await desk.disconnect()
 
 
+async def test_of_drones_connecting_at_once_under_one_id_only_one_is_let_in(
+    relay: RelayHandle,
+) -> None:
+    """Each was checked before any was registered, and all were let in: a connection that did
+    not hold the drone's route could then send text into its turns and end them."""
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    clients = [socketio.AsyncClient(reconnection=False) for _ in range(4)]
+    refusals: list[Any] = []
+    for client in clients:
+        client.on("connect_error", refusals.append, namespace=DRONE_NAMESPACE)
+
+    async def connect(client: socketio.AsyncClient, index: int) -> bool:
+        hello = {**drone_hello("laptop"), "token": token, "instance": f"instance-secret-{index:08}"}
+        try:
+            await client.connect(
+                relay.url,
+                namespaces=[DRONE_NAMESPACE],
+                auth=hello,
+                transports=["websocket"],
+                wait_timeout=5,
+            )
+        except socketio.exceptions.ConnectionError:
+            return False
+        return True
+
+    try:
+        let_in = await asyncio.gather(*(connect(c, i) for i, c in enumerate(clients)))
+    finally:
+        for client in clients:
+            await client.disconnect()
+
+    assert let_in.count(True) == 1, (let_in, refusals)
+    assert refusals == [{"message": ALREADY_CONNECTED}] * 3
+
+
 async def test_no_connection_takes_over_a_connected_drone(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:
