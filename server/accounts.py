@@ -276,8 +276,10 @@ class Accounts:
 
     async def has_drone_token(self, name: str) -> bool:
         """Whether the drone ``name`` has (or had: revoked) a token of its own, so only that
-        token opens it."""
-        return bool(await self.db.fetch("SELECT 1 FROM drone_tokens WHERE name = ?", name))
+        token opens it; in any case ("DESK" is refused when "desk" has one: a look-alike)."""
+        return bool(
+            await self.db.fetch("SELECT 1 FROM drone_tokens WHERE lower(name) = lower(?)", name)
+        )
 
     async def drone_of(self, token: str) -> str | None:
         """The drone a drone token proves, if the token is valid and not revoked."""

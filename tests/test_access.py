@@ -709,6 +709,11 @@ async def test_the_shared_token_cannot_open_a_drone_that_has_a_token_of_its_own(
     named = {**drone_hello("laptop-b11f37"), "name": "laptop"}
     refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=named, transports=["websocket"])
     assert refused == {"message": OWN_TOKEN.format("laptop")}
+    # Nor under a name that differs only in case, which people would take for it.
+    for claimed in ("Laptop", "LAPTOP"):
+        alike = {**drone_hello("laptop-b11f37"), "name": claimed}
+        refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=alike, transports=["websocket"])
+        assert refused == {"message": OWN_TOKEN.format(claimed)}
     desk = socketio.AsyncClient(reconnection=False)  # no token of its own: the shared one opens
     await desk.connect(
         relay.url, namespaces=[DRONE_NAMESPACE], auth=drone_hello("desk"), wait_timeout=5
