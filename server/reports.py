@@ -106,7 +106,8 @@ class DroneReports:
         stored = {t.turn_id: t for t in await self.store.processing_turns(drone_id=route.drone_id)}
         to_abort = [t for t in running if t not in stored or stored[t].abort_requested_by]
         for turn_id in running:
-            self.reaper.forget(turn_id)
+            if turn_id in stored:  # a turn the store has on another drone is none of its
+                self.reaper.forget(turn_id)
         await self.directory.join(route)
         now = time.time()
         for turn in stored.values():

@@ -30,6 +30,7 @@ from hangar.shared.protocol import (
     NOT_LOGGED_IN,
     UNKNOWN_TURN,
 )
+from tests.browser.hand_drone import HandDrone
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
@@ -754,6 +755,34 @@ async def test_of_drones_connecting_at_once_under_one_id_only_one_is_let_in(
 
     assert let_in.count(True) == 1, (let_in, refusals)
     assert refusals == [{"message": ALREADY_CONNECTED}] * 3
+
+
+async def test_a_drone_listing_another_drones_turn_as_its_own_does_not_keep_it_processing(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A drone names the turns it runs when it connects; the relay forgot its watchdogs for
+    every one named, its own or not: another drone's aborted turn, its drone silent, stayed
+    processing for ever instead of ending within the abort's grace."""
+    async with HandDrone(relay.url, "hand-1") as drone:
+        ack = await browser.submit("Abort me")
+        turn_id = await drone.next_order()
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)  # and it never ends it
+        rogue = socketio.AsyncClient(reconnection=False)
+        await rogue.connect(
+            relay.url,
+            namespaces=[DRONE_NAMESPACE],
+            auth={**drone_hello("rogue-1"), "running": [turn_id]},
+            transports=["websocket"],
+        )
+        try:
+            assert await browser.completion(ack["turnId"], timeout=10) == (
+                turn_id,
+                True,
+                "aborted",
+            )
+        finally:
+            await rogue.disconnect()
+    assert (await browser.ending(turn_id))["reason"] == "unanswered"
 
 
 async def test_no_connection_takes_over_a_connected_drone(
