@@ -111,7 +111,7 @@ def open_live_state(
 
 CLIENTS_DOING = (
     "bad-origin", "bad-sid", "bad-transport", "bad-jsonp-index", "bad-upgrade", "not-connected",
-    "unexpected-http",
+    "unexpected-http", "bad-version",
 )  # fmt: skip
 """engine.io's names for the requests it refuses."""
 

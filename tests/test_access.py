@@ -536,12 +536,13 @@ async def test_a_foreign_origin_is_refused(
 async def test_a_request_for_an_unknown_or_closed_session_is_refused_without_an_error_line(
     relay: RelayHandle, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A page that slept past its session, or a made-up one: engine.io answers 400, and logs
-    no ERROR line (a client's doing, not the relay's failure)."""
+    """A page that slept past its session, or a made-up one, or a client of another protocol
+    version: engine.io answers 400, and logs no ERROR line (a client's doing, not the relay's
+    failure)."""
     caplog.set_level(logging.INFO)
     async with aiohttp.ClientSession() as http:
-        for query in ("sid=made-up", "sid=made-up&transport=bogus"):
-            url = f"{relay.url}/socket.io/?EIO=4&transport=polling&{query}"
+        for query in ("EIO=4&sid=made-up", "EIO=4&sid=made-up&transport=bogus", "EIO=3", ""):
+            url = f"{relay.url}/socket.io/?transport=polling&{query}"
             async with http.get(url) as answer:
                 assert answer.status == 400
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
