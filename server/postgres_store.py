@@ -25,6 +25,7 @@ from .schema import migrations
 from .store import (
     RECENT_TURNS,
     RENAME_SESSION,
+    SEARCHED_CHARS,
     Ending,
     QueueFullError,
     RequestTakenError,
@@ -115,7 +116,13 @@ class PostgresTurnStore:
         after: SessionCursor | None = None,
         limit: int | None = None,
     ) -> list[SessionRecord]:
-        sql, values = list_sessions_sql(owner, query, after, limit, fold="lower")
+        sql, values = list_sessions_sql(
+            owner,
+            query,
+            after,
+            limit,
+            lambda column: f"strpos(lower(left({column}, {SEARCHED_CHARS})), ?) > 0",
+        )
         rows = await self.pool.fetch(_numbered(sql), *_texts(tuple(values)))
         return [SessionRecord(**dict(row)) for row in rows]
 

@@ -1,5 +1,5 @@
-"""What a SQLite file is, and who holds it: a relay's own lock on its file, and the refusal of a
-file that is not this Hangar's."""
+"""What a SQLite file is, and who holds it: a relay's own lock on its file, the refusal of a
+file that is not this Hangar's, and the search function the file's connections are given."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sqlite3
 
 from .schema import migrations
+from .store import SEARCHED_CHARS
 
 MIGRATIONS = migrations("sqlite")
 
@@ -44,3 +45,9 @@ def refuse_foreign(conn: sqlite3.Connection) -> None:
         raise sqlite3.DatabaseError("a newer release of Hangar made it; this one cannot use it.")
     if version == 0 and tables:
         raise sqlite3.DatabaseError("it holds another program's tables, not Hangar's.")
+
+
+def finds(text: str | None, needle: str) -> bool:
+    """Whether ``needle`` (lowered) is in the first ``SEARCHED_CHARS`` of ``text``, lowered:
+    SQLite's lower() folds ASCII only, this every letter, as PostgreSQL's does."""
+    return isinstance(text, str) and needle in text[:SEARCHED_CHARS].lower()

@@ -19,7 +19,7 @@ from . import closing
 from .closing import DROP_LAST, SHAPES, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
-from .sqlite_file import refuse_foreign, relay_lock
+from .sqlite_file import finds, refuse_foreign, relay_lock
 from .sqlite_writes import GroupCommit
 from .store import (
     RECENT_TURNS,
@@ -79,8 +79,7 @@ class SqliteTurnStore:
         # With WAL, NORMAL loses nothing when the process dies (only on power loss, the last
         # commits); FULL would fsync every commit, measured at 2.5 ms each here.
         conn.execute("PRAGMA synchronous=NORMAL")
-        # SQLite's own lower() folds ASCII only; a search folds every letter, as PostgreSQL's.
-        conn.create_function("hangar_fold", 1, _fold, deterministic=True)
+        conn.create_function("hangar_finds", 2, finds, deterministic=True)
         _migrate(conn)
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
@@ -149,7 +148,7 @@ class SqliteTurnStore:
         after: SessionCursor | None = None,
         limit: int | None = None,
     ) -> list[SessionRecord]:
-        sql, values = list_sessions_sql(owner, query, after, limit, fold="hangar_fold")
+        sql, values = list_sessions_sql(owner, query, after, limit, "hangar_finds({}, ?)".format)
         return [SessionRecord(**dict(row)) for row in await self._rows(sql, values)]
 
     async def rename_session(self, session_id: str, title: str, at: float) -> SessionRecord | None:
@@ -350,10 +349,6 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("COMMIT")
     finally:
         conn.isolation_level = "DEFERRED"
-
-
-def _fold(text: str | None) -> str | None:
-    return text.lower() if isinstance(text, str) else text
 
 
 def _statements(script: str) -> list[str]:

