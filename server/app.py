@@ -38,6 +38,9 @@ PING_FLOOR = 0.5
 SHUTDOWN_WAIT = 0.5
 """Seconds a stopping relay gives each connection's handler to finish before cancelling it
 (engine.io closes every connection first, so none needs longer)."""
+ABORTS_MARGIN = 1.0
+"""Seconds past ``--abort-answer`` a stopping relay waits for the aborts under way to be answered
+(the drone's answer, then the store's writes) before it closes the connections."""
 
 
 def web_dir() -> Path:
@@ -217,6 +220,8 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
             len(relay.directory.local),
             len(browsers.connections),
         )
+        # An abort under way is carried out: its person hears so before the connection closes.
+        await browsers.aborts_answered(config.abort_answer + ABORTS_MARGIN)
         await close_connections(sio)
 
     app.cleanup_ctx.append(lifecycle)

@@ -7,6 +7,7 @@ validates its payload and answers a malformed one with an error ack, changing no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
@@ -47,6 +48,16 @@ class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[
     def __init__(self, namespace: str) -> None:
         super().__init__(namespace)
         self.connections: dict[str, C] = {}
+        self._aborting = 0
+        """Aborts asked on this namespace and not answered yet."""
+        self._aborts_answered = asyncio.Event()
+        self._aborts_answered.set()
+
+    async def aborts_answered(self, within: float) -> None:
+        """Return once every abort asked here is answered, or after ``within`` seconds: a
+        stopping relay answers them before it closes the connections."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._aborts_answered.wait(), within)
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
         if event == "connect":
@@ -62,11 +73,15 @@ class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[
         )
         if handler is None:
             return {"ok": False, "error": f"Unknown event {event!r}."}
+        aborting = event == ABORT_WORK_ORDER
+        if aborting:
+            self._aborting += 1
+            self._aborts_answered.clear()
         try:
             result = handler(*payload)
             if asyncio.iscoroutine(result):
                 result = await result
-            return result
+            return result  # its ack is queued before a stopping relay's close
         except Exception as error:
             # Input was checked before the handler ran: this is the relay's own trouble (its
             # database or Redis is down, say), one line per stretch of it, not a traceback.
@@ -74,6 +89,11 @@ class ConnectionNamespace(socketio.AsyncNamespace, Generic[C]):  # type: ignore[
             if event == ABORT_WORK_ORDER:
                 return False, UNAVAILABLE
             return {"ok": False, "error": UNAVAILABLE}
+        finally:
+            if aborting:
+                self._aborting -= 1
+                if not self._aborting:
+                    self._aborts_answered.set()
 
     async def connect(self, sid: str, environ: dict[str, Any], auth: Any) -> None:
         raise NotImplementedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pty
 import signal
@@ -15,7 +16,21 @@ import aiohttp
 import pytest
 
 from bench.peers import OpenAIPeer, Reply
-from tests.conftest import DRONE_TOKEN, HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
+from hangar.shared.protocol import ABORT_SIGNALED
+from tests.browser.hand_drone import HandDrone
+from tests.conftest import (
+    DRONE_TOKEN,
+    HANGAR,
+    ROOT,
+    Browser,
+    People,
+    RelayHandle,
+    Upstream,
+    eventually,
+    relay_folder,
+)
 
 
 async def metrics_of(relay: RelayHandle) -> dict[str, float]:
@@ -180,3 +195,32 @@ async def test_drone_start_errors_are_one_clear_line(
     assert process.returncode == code
     assert stdout == b""
     assert stderr.decode().splitlines() == [line]
+
+
+async def test_an_abort_asked_as_the_relay_stops_is_answered_before_it_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping relay closed every connection at once: an abort on its way to the drone was
+    carried out, but its person was never answered (the page said the relay did not answer)."""
+    caplog.set_level(logging.DEBUG, logger="hangar.relay")
+    database = str(relay_folder(tmp_path) / "relay.db")
+    runner, port = await start_relay(
+        RelayConfig(port=0, database=database, drone_token=DRONE_TOKEN)
+    )
+    url, stopping = f"http://127.0.0.1:{port}", None
+    try:
+        token = await People(runner.app[RELAY].accounts).token("ada")
+        browser = await Browser(url, token).connect()
+        async with HandDrone(url, "slow") as drone:
+            drone.answer_aborts.clear()
+            turn_id = (await browser.submit("Stop me"))["turnId"]
+            assert await drone.next_order() == turn_id
+            abort = asyncio.ensure_future(browser.abort(turn_id))
+            await asyncio.wait_for(drone.abort_asked.wait(), 5)
+            stopping = asyncio.ensure_future(runner.cleanup())
+            await eventually(lambda: "stopping: no new connections" in caplog.text, 5, "a stop")
+            drone.answer_aborts.set()
+
+            assert await abort == (True, ABORT_SIGNALED)
+    finally:
+        await (stopping or runner.cleanup())
