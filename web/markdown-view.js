@@ -2,7 +2,7 @@
 // once and kept; only the unfinished end is drawn again, at most once an animation frame, so a long
 // answer costs the page about the same per chunk at its end as at its start.
 
-import { markdown, renderTokens } from "./markdown.js";
+import { markdown, renderPieces, renderTokens } from "./markdown.js";
 
 /**
  * Rendering may take at most this share of the main thread while text streams: after a frame's
@@ -84,6 +84,23 @@ export class MarkdownView {
   render(final = false) {
     if (!this.dirty && !(final && this.open.length)) return;
     this.dirty = false;
+    try {
+      this.draw(final);
+    } catch {
+      this.drawPieces(final); // nested past what the parser can follow
+    }
+  }
+
+  /** Draw what is not settled block by block (`renderPieces`); all of it settles if `final`. */
+  drawPieces(final) {
+    for (const node of this.open) node.remove();
+    const drawn = renderPieces(this.source.slice(this.settled), { settled: final });
+    this.open = final ? [] : [...drawn.childNodes];
+    if (final) this.settled = this.source.length;
+    this.el.append(drawn);
+  }
+
+  draw(final) {
     const lexer = new markdown.Lexer(markdown.defaults);
     Object.assign(lexer.tokens.links, this.links);
     const tokens = lexer.lex(this.source.slice(this.settled));
@@ -115,8 +132,14 @@ export class MarkdownView {
     this.render(true);
     if (!this.stale) return;
     this.stale = false;
-    const tokens = new markdown.Lexer(markdown.defaults).lex(this.source);
-    this.el.replaceChildren(renderTokens(tokens, { settled: true }));
+    let drawn;
+    try {
+      const tokens = new markdown.Lexer(markdown.defaults).lex(this.source);
+      drawn = renderTokens(tokens, { settled: true });
+    } catch {
+      drawn = renderPieces(this.source, { settled: true });
+    }
+    this.el.replaceChildren(drawn);
     this.open = [];
   }
 }

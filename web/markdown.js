@@ -76,6 +76,27 @@ export function renderTokens(tokens, { settled }) {
   return fragment;
 }
 
+/**
+ * Text the parser could not take whole (Markdown nested past what it can follow: thousands of
+ * ">" run it out of stack), drawn block by block: each that parses as Markdown, the others as
+ * plain text, so an answer always shows whole.
+ */
+export function renderPieces(text, { settled }) {
+  const fragment = document.createDocumentFragment();
+  for (const piece of text.split(/(?<=\n\n)/)) {
+    try {
+      fragment.append(renderTokens(markdown.lexer(piece), { settled }));
+    } catch {
+      const plain = document.createElement("p");
+      plain.className = "plain-text";
+      plain.dir = "auto";
+      plain.textContent = piece.replace(/\n+$/, "");
+      fragment.append(plain);
+    }
+  }
+  return fragment;
+}
+
 function decorateCode(code, settled) {
   const pre = code.parentElement;
   const named = /language-([\w+#.-]+)/.exec(code.className)?.[1]?.toLowerCase() ?? "";

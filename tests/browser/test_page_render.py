@@ -643,3 +643,34 @@ async def test_a_reference_link_defined_at_the_end_of_an_answer_is_a_link(
         link = output.locator('a[href="https://docs.python.org/3/"]')
         await expect(link).to_have_text("the Python docs", timeout=WAIT_MS)
         await expect(output).not_to_contain_text("[py]")
+
+
+DEEP = "before\n\n" + ">" * 5000 + " deep\n\nafter the deep quote\n"
+"""Quotes nested deeper than marked can follow: it runs out of stack (from about 3,000)."""
+
+
+async def test_markdown_nested_too_deep_to_draw_shows_as_plain_text_and_the_session_opens(
+    page: Page, relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any]
+) -> None:
+    """The card stopped at the error ("Maximum call stack size exceeded"): the rest of the
+    answer never showed, Cancel stayed, and the session then opened with no turns at all."""
+    openai_peer.script(Reply(chunks=split(DEEP, 1000), delay=0.02), Reply(chunks=["Next."]))
+    await start_drone(Upstream("openai", openai_peer))
+    await open_hangar(page, relay)
+    turn = await submit(page, "Quote deeply")
+
+    await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+    output = turn.locator(".turn-output")
+    await expect(output).to_contain_text("after the deep quote")
+    await expect(output.locator("p").first).to_have_text("before")  # the rest is still Markdown
+    await expect(page.locator("#cancel")).to_be_hidden()
+    await page.screenshot(path=artifact("render-deep-quote.png"))
+    turn_id = await turn_id_of(turn)
+    await page.reload()
+    again = page.locator(f'#turns article.turn[data-turn-id="{turn_id}"]')
+    await expect(again.locator(".turn-output")).to_contain_text(
+        "after the deep quote", timeout=WAIT_MS
+    )
+    await expect(again).to_have_class(has_class("finished"))
+    assert (await submit(page, "And now?")) is not None
+    await expect(page.locator("#turns article.turn").last).to_contain_text("Next.", timeout=WAIT_MS)
