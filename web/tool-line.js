@@ -14,6 +14,17 @@ const TOOL_BADGES = {
 /** States in which the call has not ended yet. */
 export const OPEN_TOOL_STATES = ["start", "waiting"];
 
+/** Arguments as a person reads them whole: a JSON object laid out, anything else as it is. */
+function wholeArgs(raw) {
+  try {
+    const parsed = JSON.parse(raw);
+    if (parsed && typeof parsed === "object") return JSON.stringify(parsed, null, 2);
+  } catch {
+    // not JSON: as it came
+  }
+  return String(raw);
+}
+
 /** A tool's failure comes back as a result reading "Error: …" (the drone's tools say so). */
 const FAILED_RESULT = /^Error: /;
 
@@ -31,6 +42,14 @@ export class ToolLine {
     this.approval = null;
     this.nameEl = h("span", { class: "tool-name" });
     this.argsEl = h("span", { class: "tool-args" });
+    // Arguments cut on the line open whole in it: Enter or Space, a click or a tap.
+    this.argsEl.addEventListener("click", () => this.toggleArgs());
+    this.argsEl.addEventListener("keydown", (event) => {
+      if ((event.key === "Enter" || event.key === " ") && this.argsEl.role === "button") {
+        event.preventDefault();
+        this.toggleArgs();
+      }
+    });
     this.badgeEl = h("span", { class: "tool-badge" });
     this.resultSummary = h("summary", { class: "tool-result-preview" });
     // A tool's result is free text (a file read, a command's output): its direction is its own.
@@ -57,8 +76,7 @@ export class ToolLine {
     if (ev.name) this.name = this.nameEl.textContent = ev.name;
     if (ev.arguments !== undefined && ev.arguments !== null) {
       this.arguments = ev.arguments;
-      this.argsEl.textContent = argsPreview(ev.arguments);
-      this.argsEl.title = preview(ev.arguments, 2000);
+      this.drawArgs(this.argsEl.ariaExpanded === "true");
     }
     if (ev.result !== undefined && ev.result !== null) {
       this.result = String(ev.result);
@@ -74,6 +92,28 @@ export class ToolLine {
     this.el.dataset.state = this.state;
     this.el.dataset.badge = badge;
     this.badgeEl.textContent = TOOL_BADGES[badge];
+  }
+
+  /** The arguments on the line: a one-line preview, or (`whole`) all of them, laid out. */
+  drawArgs(whole) {
+    const shown = argsPreview(this.arguments);
+    const cut = shown !== argsPreview(this.arguments, Infinity);
+    const el = this.argsEl;
+    el.textContent = whole && cut ? wholeArgs(this.arguments) : shown;
+    el.title = cut && !whole ? preview(this.arguments, 2000) : "";
+    el.classList.toggle("whole", whole && cut);
+    if (cut) {
+      el.role = "button";
+      el.tabIndex = 0;
+      el.ariaExpanded = String(whole);
+      el.ariaLabel = whole ? "Arguments, whole: show one line" : "Arguments, cut: show them whole";
+    } else {
+      for (const name of ["role", "tabindex", "aria-expanded", "aria-label"]) el.removeAttribute(name);
+    }
+  }
+
+  toggleArgs() {
+    if (this.argsEl.role === "button") this.drawArgs(this.argsEl.ariaExpanded !== "true");
   }
 
   /** Show `approval` (an ApprovalCard) under the line while the call waits. */

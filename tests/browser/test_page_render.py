@@ -674,3 +674,34 @@ async def test_markdown_nested_too_deep_to_draw_shows_as_plain_text_and_the_sess
     await expect(again).to_have_class(has_class("finished"))
     assert (await submit(page, "And now?")) is not None
     await expect(page.locator("#turns article.turn").last).to_contain_text("Next.", timeout=WAIT_MS)
+
+
+async def test_a_tool_calls_whole_arguments_open_from_the_keyboard_or_a_tap(
+    page: Page, relay: RelayHandle
+) -> None:
+    """A long command showed cut ("…") on its line, whole only in a tooltip, which neither a
+    keyboard nor a finger can open."""
+    command = "grep -rn 'needle' src/ | sort | uniq -c | " + "x" * 150 + " | tail -n 5"
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Run something long")
+        turn_id = await drone.next_order()
+        await drone.tool(
+            turn_id, "c1", "start", name="run_shell", arguments=json.dumps({"command": command})
+        )
+        await drone.tool(turn_id, "c2", "start", arguments=json.dumps({"path": "a.txt"}))
+        args = turn.locator(".tool-args")
+        await expect(args.first).to_contain_text("…")
+        await expect(args.nth(1)).not_to_have_attribute("role", "button")  # short: whole already
+
+        await args.first.focus()
+        await page.keyboard.press("Enter")
+        await expect(args.first).to_have_attribute("aria-expanded", "true")
+        await expect(args.first).to_contain_text(command)
+        await page.screenshot(path=artifact("render-tool-arguments-open.png"))
+        await page.keyboard.press("Enter")
+        await expect(args.first).to_have_attribute("aria-expanded", "false")
+        await expect(args.first).not_to_contain_text(command)
+        await args.first.click()  # a tap, on a phone
+        await expect(args.first).to_contain_text(command)
+        await drone.complete(turn_id, True, "done")
