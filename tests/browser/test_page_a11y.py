@@ -11,7 +11,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from hangar.shared.protocol import TOOL_CANCELLED
-from tests.browser.conftest import artifact, phone_page
+from tests.browser.conftest import artifact, log_in, phone_page
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
 from tests.browser.test_page_render import still
@@ -301,3 +301,54 @@ async def test_the_esc_hint_shows_with_a_keyboard_and_not_on_a_phone(
             await expect(phone.locator("#esc-hint")).to_be_hidden()
             await expect(phone.locator(".keyboard-only").first).to_be_hidden()
             await phone.screenshot(path=artifact("a11y-phone.png"))
+
+
+# Whether the focused element's ring (its outline) is drawn whole: inside every box around it
+# that clips what overflows it.
+RING_WHOLE = """() => {
+    const el = document.activeElement;
+    const style = getComputedStyle(el);
+    const out = parseFloat(style.outlineOffset) + parseFloat(style.outlineWidth);
+    const r = el.getBoundingClientRect();
+    const ring = {
+        left: r.left - out, top: r.top - out, right: r.right + out, bottom: r.bottom + out,
+    };
+    for (let box = el.parentElement; box; box = box.parentElement) {
+        const s = getComputedStyle(box);
+        if (s.overflowX === "visible" && s.overflowY === "visible") continue;
+        const b = box.getBoundingClientRect();
+        const inner = {
+            left: b.left + box.clientLeft, top: b.top + box.clientTop,
+            right: b.left + box.clientLeft + box.clientWidth,
+            bottom: b.top + box.clientTop + box.clientHeight,
+        };
+        if (ring.left < inner.left - 0.5 || ring.top < inner.top - 0.5
+            || ring.right > inner.right + 0.5 || ring.bottom > inner.bottom + 0.5) {
+            return `${el.textContent.trim()} cut by ${box.id || box.className}`;
+        }
+    }
+    return style.outlineStyle === "none" ? `${el.textContent.trim()} has no ring` : "";
+}"""
+
+
+async def test_the_focus_ring_of_every_sidebar_control_is_drawn_whole(
+    page: Page, relay: RelayHandle
+) -> None:
+    """The "Mine" / "Everyone" switch clipped its buttons' rings to a sliver, and the list of
+    sessions the top of its first one's: a keyboard user could barely tell where focus was."""
+    await log_in(page, relay, "root", "admin")  # an admin: the switch shows
+    await page.goto(relay.url + "/")
+    for prompt in ("First", "Second"):
+        await submit(page, prompt)
+        await page.click("#new-session")
+    await expect(page.locator("#sessions .session")).to_have_count(2, timeout=WAIT_MS)
+
+    await page.focus("#sessions-search")
+    seen = []
+    for step, key in enumerate(("Shift+Tab", "Shift+Tab", "Tab", "Tab", "Tab", "Tab")):
+        await page.keyboard.press(key)
+        seen.append(await page.evaluate(RING_WHOLE))
+        if step in (1, 4):
+            shot = artifact(f"a11y-sidebar-focus-{step}.png")
+            await page.screenshot(path=shot, clip={"x": 0, "y": 0, "width": 300, "height": 420})
+    assert seen == [""] * len(seen)
