@@ -81,7 +81,10 @@ async def test_a_session_is_renamed_inline_from_the_keyboard(
     )
     await expect(item(page, ids[1])).to_be_focused()
     await expect(page.locator("#session-title")).to_have_text("Billing: invoices per customer")
-    assert await listed(page) == [ids[1], ids[0], ids[2]]  # a rename is the latest activity
+    # A rename is the latest activity: the session moves up (with its sessionChanged).
+    sessions = page.locator("#sessions .session")
+    await expect(sessions.first).to_have_attribute("data-session-id", ids[1])
+    assert await listed(page) == [ids[1], ids[0], ids[2]]
     stored = await relay.relay.store.get_session(ids[1])
     assert stored is not None and stored.title == "Billing: invoices per customer"
 
