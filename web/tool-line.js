@@ -43,7 +43,9 @@ export class ToolLine {
     this.nameEl = h("span", { class: "tool-name" });
     this.argsEl = h("span", { class: "tool-args" });
     // Arguments cut on the line open whole in it: Enter or Space, a click or a tap.
-    this.argsEl.addEventListener("click", () => this.toggleArgs());
+    this.argsEl.addEventListener("click", () => {
+      if (!getSelection()?.toString()) this.toggleArgs(); // not when a person selects to copy
+    });
     this.argsEl.addEventListener("keydown", (event) => {
       if ((event.key === "Enter" || event.key === " ") && this.argsEl.role === "button") {
         event.preventDefault();
@@ -105,10 +107,9 @@ export class ToolLine {
     if (cut) {
       el.role = "button";
       el.tabIndex = 0;
-      el.ariaExpanded = String(whole);
-      el.ariaLabel = whole ? "Arguments, whole: show one line" : "Arguments, cut: show them whole";
+      el.ariaExpanded = String(whole); // its name is what it shows: the arguments
     } else {
-      for (const name of ["role", "tabindex", "aria-expanded", "aria-label"]) el.removeAttribute(name);
+      for (const name of ["role", "tabindex", "aria-expanded"]) el.removeAttribute(name);
     }
   }
 
