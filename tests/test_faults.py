@@ -725,9 +725,7 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
         # The drone is listed again within a heartbeat; the turn was never ended for it.
         await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
         if fault == "restarted-empty":  # what crossed Redis meanwhile is gone: the page resyncs
-            await eventually(
-                lambda: [e for e, _ in browser.events if e == RESYNC], 10, "a resync notice"
-            )
+            await eventually(partial(_resyncs, browser, 1), 10, "a resync notice")
         _, success, message = await browser.completion(turn_id, timeout=30)
         assert success is True, message
         turn = await stored(store, turn_id)
