@@ -242,12 +242,13 @@ class Access:
                 return self._login_page(page_dir, BAD_LOGIN, 400)
             address = self.client_address(request)
             # A name no person can have is not kept (nor checked): only the address counts.
-            named = USER_NAME.fullmatch(name.strip()) is not None
-            address_key, user_key = f"address:{address}", f"user:{name.strip()}"
+            stripped = name.strip()
+            named = USER_NAME.fullmatch(stripped) is not None
+            address_key, user_key = f"address:{address}", f"user:{stripped}"
             if await self.accounts.login_attempt(address_key, user_key if named else None):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
-            user = await self.accounts.check_password(name.strip(), password) if named else None
+            user = await self.accounts.check_password(stripped, password) if named else None
             if user is None:
                 log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)
