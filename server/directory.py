@@ -5,6 +5,7 @@ store)."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -61,6 +62,14 @@ class DroneDirectory:
         self._left: OrderedDict[str, None] = OrderedDict()
         """Connections here that closed (recent): a call to one fails at once."""
         self._drones_pending = False
+
+    async def claim(self, route: DroneRoute) -> DroneRoute | None:
+        """The connection of another instance that holds the drone's id, here or at another
+        relay, or None: then the id is ``route``'s until it joins (or its claim lapses)."""
+        here = self.local.get(route.drone_id)
+        if here is not None:
+            return None if hmac.compare_digest(here.instance, route.instance) else here
+        return await self.live.claim_drone(route)
 
     async def join(self, route: DroneRoute) -> None:
         """Register a drone connected here (replacing an earlier connection of it)."""

@@ -193,10 +193,9 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
         self._joining[hello.drone_id] = (lock, waiting + 1)
         try:
             async with lock:
-                connected = await self.relay.directory.route(hello.drone_id)
-                if connected is not None and not hmac.compare_digest(connected.instance, instance):
-                    raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
                 route = DroneRoute(**hello.record().model_dump(), sid=sid, instance=instance)
+                if await self.relay.directory.claim(route) is not None:
+                    raise socketio.exceptions.ConnectionRefusedError(ALREADY_CONNECTED)
                 self.connections[sid] = DroneConnection(self.relay, route)
                 to_abort = await self.relay.reports.drone_joined(route, hello.running)
         finally:

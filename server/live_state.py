@@ -82,6 +82,10 @@ class LiveState(Protocol):
 
     async def close(self) -> None: ...
 
+    async def claim_drone(self, route: DroneRoute) -> DroneRoute | None:
+        """The connection of another instance that holds the drone's id, or None: then the id
+        is this one's, taken in one step (two relays letting one id in at once cannot both)."""
+
     async def add_drone(self, route: DroneRoute) -> None:
         """Register (or replace) a drone connected to this relay."""
 
@@ -187,6 +191,10 @@ class LocalLiveState:
 
     async def close(self) -> None:
         return None
+
+    async def claim_drone(self, route: DroneRoute) -> DroneRoute | None:
+        held = self.routes.get(route.drone_id)  # one relay: its connects of an id wait in turn
+        return held if held is not None and held.instance != route.instance else None
 
     async def add_drone(self, route: DroneRoute) -> None:
         self.routes[route.drone_id] = route

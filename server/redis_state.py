@@ -21,15 +21,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .drone_entries import CLAIM, HEARTBEAT, PRESENCE_FLOOR, alive, entry, route_of
 from .live_state import ENDED_READ, DroneRoute, LiveText
 
 log = logging.getLogger("hangar.relay")
 
-HEARTBEAT = 1.0
-"""Seconds between a relay's refreshes of its drones' entries."""
-PRESENCE_FLOOR = 2 * HEARTBEAT + 2.0
-"""A drone entry lasts at least two heartbeats and a slow Redis write (``CALL_TIMEOUT``): a
-relay late by a beat, or whose Redis is slow, is not dead."""
 ABORT_TTL = 60
 KEPT_FOR = 30 * 24 * 3600
 """Seconds a turn's live text, waiting calls and sub-agent output are kept at most (they go when
@@ -114,6 +110,15 @@ class RedisLiveState:
             await self.remove_drone(route.drone_id, route.sid)
         await self.redis.aclose()
 
+    async def claim_drone(self, route: DroneRoute) -> DroneRoute | None:
+        args = (route.drone_id, self._entry(route), route.instance, time.time(), self._trusted_from)
+        try:
+            held = await self.redis.eval(CLAIM, 1, self.key("drones"), *args)
+        except FAILURES:
+            self._unreachable()
+            raise
+        return route_of(held) if held else None  # judged alive by Redis
+
     async def add_drone(self, route: DroneRoute) -> None:
         self.local[route.drone_id] = route
         try:
@@ -143,7 +148,7 @@ class RedisLiveState:
     async def drones(self) -> list[DroneRoute]:
         entries = await self._entries()
         trusted = self._trusted_from
-        return [route for text in entries.values() if (route := _alive(text, trusted))]
+        return [route for text in entries.values() if (route := alive(text, trusted))]
 
     async def drone_settled(self, drone_id: str, within: float) -> DroneRoute | None:
         deadline = time.monotonic() + within
@@ -170,7 +175,7 @@ class RedisLiveState:
     async def silent_drones(self) -> set[str]:
         entries = await self._entries()
         trusted = self._trusted_from
-        return {_text(d) for d, text in entries.items() if _alive(text, trusted) is None}
+        return {_text(d) for d, text in entries.items() if alive(text, trusted) is None}
 
     async def drone(self, drone_id: str) -> DroneRoute | None:
         try:
@@ -178,7 +183,7 @@ class RedisLiveState:
         except FAILURES:
             self._unreachable()
             raise
-        return _alive(text, self._trusted_from) if text else None
+        return alive(text, self._trusted_from) if text else None
 
     async def append_text(self, turn_id: str, text: str) -> int:
         """One string and a count per turn (not a list entry per delta), changed together; and
@@ -369,7 +374,7 @@ class RedisLiveState:
                 log.warning("Redis answers again: this relay's drones are listed again")
 
     def _entry(self, route: DroneRoute) -> str:
-        return json.dumps({**route.model_dump(), "seen": time.time(), "lasts": self.presence})
+        return entry(route, self.presence)
 
     def _unreachable(self) -> None:
         self._trusted_from = time.time()
@@ -377,15 +382,6 @@ class RedisLiveState:
         if self._reachable:
             self._reachable = False
             log.warning("Redis does not answer; trying again every %g s", HEARTBEAT)
-
-
-def _alive(text: Any, trusted_from: float) -> DroneRoute | None:
-    """The drone of an entry, unless its relay has not refreshed it within the time it said."""
-    fields = json.loads(text)
-    lasts = float(fields.pop("lasts", PRESENCE_FLOOR))
-    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > lasts:
-        return None
-    return DroneRoute.model_construct(**fields)
 
 
 def _text(value: bytes | str) -> str:

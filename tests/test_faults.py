@@ -29,9 +29,10 @@ from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.connections import UNAVAILABLE
+from hangar.server.drone_entries import PRESENCE_FLOOR
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.reaper import DRONE_LOST, SILENT_REJOIN
-from hangar.server.redis_state import CALL_TIMEOUT, PRESENCE_FLOOR, RedisLiveState
+from hangar.server.redis_state import CALL_TIMEOUT, RedisLiveState
 from hangar.server.redis_state import FAILURES as REDIS_FAILURES
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import TurnRecord, TurnStore

@@ -23,6 +23,7 @@ from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
 from hangar.server.directory import DRONE_CALL_TIMEOUT
+from hangar.server.drones import ALREADY_CONNECTED
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.server.turns import queue_full
@@ -372,6 +373,40 @@ async def test_orders_sent_at_once_through_two_relays_do_not_get_past_the_queue_
 
     assert len([a for a in answers if a["ok"]]) == 20  # the relays' default limit
     assert {a.get("error") for a in answers if not a["ok"]} == {queue_full(20)}
+
+
+async def test_of_drones_connecting_under_one_id_to_two_relays_at_once_only_one_is_let_in(
+    relay_processes: Start,
+) -> None:
+    """Each relay read Redis before either had written the drone there, and both let theirs in:
+    the drone was listed online from two places, and the one that did not hold its route could
+    send text into its turns and end them."""
+    a, b = await relay_processes(), await relay_processes()
+    refusals: list[Any] = []
+
+    async def connect(url: str, drone_id: str, instance: str) -> socketio.AsyncClient | None:
+        client = socketio.AsyncClient(reconnection=False)
+        client.on("connect_error", refusals.append, namespace=DRONE_NAMESPACE)
+        hello = {**drone_hello(drone_id), "instance": f"instance-secret-{instance}"}
+        try:
+            await client.connect(
+                url, namespaces=[DRONE_NAMESPACE], auth=hello, transports=["websocket"]
+            )
+        except socketio.exceptions.ConnectionError:
+            return None
+        return client
+
+    for round_ in range(12):  # the two connects cross in most rounds
+        drone_id = f"twin{round_}-0"
+        clients = await asyncio.gather(connect(a.url, drone_id, "a"), connect(b.url, drone_id, "b"))
+        try:
+            let_in = [client is not None for client in clients]
+            assert let_in.count(True) == 1, (round_, let_in, refusals)
+        finally:
+            for client in clients:
+                if client is not None:
+                    await client.disconnect()
+    assert refusals == [{"message": ALREADY_CONNECTED}] * 12
 
 
 async def test_output_streamed_after_another_relay_ended_the_turn_is_not_left_in_redis(

@@ -1,0 +1,50 @@
+"""Drones' entries in Redis: one per drone, written by the relay it is connected to and
+refreshed every ``HEARTBEAT``; an entry its relay stopped refreshing (it died) is no drone."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .live_state import DroneRoute
+
+HEARTBEAT = 1.0
+"""Seconds between a relay's refreshes of its drones' entries."""
+PRESENCE_FLOOR = 2 * HEARTBEAT + 2.0
+"""A drone entry lasts at least two heartbeats and a slow Redis write (``CALL_TIMEOUT``): a
+relay late by a beat, or whose Redis is slow, is not dead."""
+CLAIM = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held then
+  local entry = cjson.decode(held)
+  local age = tonumber(ARGV[4]) - math.max(entry.seen or 0, tonumber(ARGV[5]))
+  if age <= (entry.lasts or 0) then return entry.instance ~= ARGV[3] and held or false end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false
+"""
+"""A drone's entry written unless a live one is there; that one returned if another instance's
+(arguments: drone id, entry, instance, now, ``_trusted_from``)."""
+
+
+def entry(route: DroneRoute, lasts: float) -> str:
+    """A drone's entry, seen now, lasting ``lasts`` seconds unless refreshed."""
+    return json.dumps({**route.model_dump(), "seen": time.time(), "lasts": lasts})
+
+
+def alive(text: Any, trusted_from: float) -> DroneRoute | None:
+    """The drone of an entry, unless its relay has not refreshed it within the time it said."""
+    fields = json.loads(text)
+    lasts = float(fields.pop("lasts", PRESENCE_FLOOR))
+    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > lasts:
+        return None
+    return DroneRoute.model_construct(**fields)
+
+
+def route_of(text: Any) -> DroneRoute:
+    """The drone of an entry, however old."""
+    fields = json.loads(text)
+    return DroneRoute.model_construct(
+        **{k: v for k, v in fields.items() if k in DroneRoute.model_fields}
+    )
