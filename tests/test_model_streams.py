@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.providers import ollama_provider, openai_provider
 from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED, NO_REASON
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
@@ -233,12 +234,47 @@ async def test_a_model_services_error_is_told_in_its_own_words_on_one_line(
     assert (success, message) == (False, f"{server} answered 404: {said}")
 
 
-async def test_an_error_that_is_a_json_string_is_told_in_its_words(
-    openai_peer: OpenAIPeer, tmp_path: Path
+async def test_an_error_nested_past_any_depth_is_told_as_text(
+    upstream: Upstream, tmp_path: Path
 ) -> None:
-    openai_peer.script(Reply(status=404, error_body=("application/json", '"overloaded"')))
+    """Reading it as JSON ran the drone out of stack: the turn failed as the drone's own
+    failure, with a traceback in its log, and not in the service's words."""
+    nested = "[" * 5_000 + "]" * 5_000
+    upstream.peer.script(Reply(status=400, error_body=("application/json", nested)))
     recorder = Recorder()
-    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service = service_for(upstream, tmp_path, recorder)
     service.accept(order("t_1", "Fail"))
 
-    assert await finished(recorder) == ("t_1", False, "The model service answered 404: overloaded")
+    _, success, message = await finished(recorder)
+
+    server = "The model service" if upstream.provider == "openai" else "The Ollama server"
+    assert success is False
+    assert message.startswith(f"{server} answered 400: [[[["), message[:200]
+
+
+async def test_a_line_nested_past_any_depth_in_the_stream_is_told_as_unreadable(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    upstream.peer.script(Reply(chunks=["Partial "], garbage="[" * 5_000 + "]" * 5_000))
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Fail"))
+
+    _, success, message = await finished(recorder)
+
+    module = openai_provider if upstream.provider == "openai" else ollama_provider
+    assert (success, message) == (False, module.UNREADABLE)
+
+
+async def test_an_error_that_is_a_json_string_is_told_in_its_words(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """The Ollama SDK reads a JSON body as an object: a string said "The Ollama server sent a
+    line that is not a chat response"."""
+    upstream.peer.script(Reply(status=404, error_body=("application/json", '"overloaded"')))
+    recorder = Recorder()
+    service = service_for(upstream, tmp_path, recorder)
+    service.accept(order("t_1", "Fail"))
+
+    server = "The model service" if upstream.provider == "openai" else "The Ollama server"
+    assert await finished(recorder) == ("t_1", False, f"{server} answered 404: overloaded")

@@ -448,6 +448,33 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     assert sent_back.rejected is None  # the history the service got is a valid one
 
 
+async def test_a_session_with_a_call_nested_past_any_depth_goes_on_through_ollama(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """The call's arguments, sent back to an Ollama server as the history's object, ran the
+    drone out of stack: every later turn of the session failed on every Ollama drone ("The
+    drone failed: maximum recursion depth exceeded..."), and the model was never asked."""
+    nested = '{"path": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("read_file", nested)]),
+        Reply(chunks=["That failed."]),
+    )
+    first_drone = await start_drone(Upstream("openai", openai_peer))
+    async with OllamaPeer() as peer:
+        peer.script(Reply(chunks=["Going on."]))
+        second_drone = await start_drone(Upstream("ollama", peer))
+        first = await browser.submit("Call it", droneId=first_drone.drone_id)
+        assert (await browser.completion(first["turnId"], timeout=20))[1:] == (True, "That failed.")
+        second = await browser.submit(
+            "And now?", sessionId=first["sessionId"], droneId=second_drone.drone_id
+        )
+
+        assert (await browser.completion(second["turnId"]))[1:] == (True, "Going on.")
+        sent = peer.requests[-1].messages
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+        assert sent[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": {}}
+
+
 async def test_a_call_whose_text_holds_half_a_surrogate_pair_gets_a_clear_result(
     relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
 ) -> None:

@@ -215,7 +215,7 @@ def said_by_service(body: str) -> str:
     string), else its text without markup (an HTML error page's words); never a control
     character (it goes into logs too), at most ``SAID_CHARS`` characters."""
     text = body
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # not JSON, or nested past any depth
         found = json.loads(body)
         if isinstance(found, dict):
             found = found.get("error", found.get("message", found))

@@ -37,10 +37,22 @@ _UPSTREAM: ContextVar[UpstreamShutdown | None] = ContextVar("ollama_upstream", d
 
 
 async def _on_response(response: httpx.Response) -> None:
-    """httpx response hook: runs once the headers arrived, before any of the body is read."""
+    """httpx response hook: runs once the headers arrived, before any of the body is read.
+
+    An error's body is read here, not by the SDK: it reads any JSON body as an object (a JSON
+    string or list failed as an unreadable line) with no bound on its depth."""
     upstream = _UPSTREAM.get()
-    if upstream is not None:
-        upstream.attach(response)
+    if upstream is None:
+        return
+    if response.is_error:
+        body = bytearray()
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) >= ERROR_BODY_READ:
+                break
+        said = said_by_service(body[:ERROR_BODY_READ].decode(errors="replace"))
+        raise ProviderError(f"The Ollama server answered {response.status_code}: {said}")
+    upstream.attach(response)
 
 
 class OllamaProvider:
@@ -95,7 +107,7 @@ class OllamaProvider:
                     part = await stream.__anext__()
                 except StopAsyncIteration:
                     break
-                except (ValueError, TypeError, AttributeError) as error:
+                except (ValueError, TypeError, AttributeError, RecursionError) as error:
                     # A line the SDK could not read (not JSON, null, a message of another
                     # shape): what the server sent, not a failure of the drone.
                     signal.throw_if_aborted()
@@ -173,14 +185,18 @@ def _message(message: ChatMessage) -> dict[str, Any]:
 
 
 def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as an Ollama server reads them back: the model's own object, else
+    ``{}`` (also for arguments nested past any depth: the call's result said what was wrong)."""
     try:
         value = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
 
 UNREADABLE = "The Ollama server sent a line that is not a chat response."
+ERROR_BODY_READ = 65_536
+"""Bytes of an error's body read at most (its words are in its first few hundred)."""
 AFTER_DONE = 0.2
 """Seconds the end of a stream is waited for after its done line (read, the connection serves
 the next request); a server that keeps it open longer has it closed."""

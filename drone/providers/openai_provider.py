@@ -89,7 +89,7 @@ class OpenAIProvider:
                 raise ProviderError(BROKE_OFF) from error
             if isinstance(error, openai.APIError):
                 raise ProviderError(_describe(error)) from error
-            if isinstance(error, ValueError):  # a chunk the SDK could not read as JSON
+            if isinstance(error, ValueError | RecursionError):  # a chunk not JSON, or too deep
                 raise ProviderError(UNREADABLE) from error
             raise
         finally:
