@@ -177,9 +177,10 @@ class Agent:
     async def run(self, messages: list[ChatMessage], signal: AbortSignal) -> str:
         """Run to a final answer and return it; ``messages`` grows with everything kept."""
         keep = self._keeper(messages)
-        for _ in range(self.max_steps):
+        for step in range(self.max_steps):
             signal.throw_if_aborted()
-            self._stop_if_asked()
+            if step:  # "stop after this step" asked before the first: that step is run
+                self._stop_if_asked()
             text: list[str] = []
             calls: list[ToolCall] = []
             try:

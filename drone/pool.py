@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from hangar.shared.abort import AbortCause, AbortSignal
 from hangar.shared.protocol import (
@@ -26,7 +26,6 @@ from hangar.shared.protocol import (
     ABORTED,
     DRONE_BUSY,
     DRONE_STOPPING,
-    NO_ACTIVE_WORK_ORDER,
     NO_SUCH_CALL,
     RAN_ALREADY,
     STOP_AFTER_STEP,
@@ -39,7 +38,7 @@ from hangar.shared.protocol import (
 from .histories import MAX_SESSIONS
 from .outbox import relog
 from .pipes import FrameError, WorkerProcess, frame, frame_bytes, read_frame
-from .service import remember
+from .service import AbortMode, abort_early, remember
 
 log = logging.getLogger("hangar.drone")
 
@@ -113,7 +112,7 @@ class WorkerPool:
         self.workers = [WorkerProcess(n) for n in range(max(1, min(workers, concurrency)))]
         self.running: dict[str, Assigned] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
-        self.aborted_early: OrderedDict[str, None] = OrderedDict()
+        self.aborted_early: OrderedDict[str, AbortMode] = OrderedDict()
         self._held: OrderedDict[str, tuple[WorkerProcess, str]] = OrderedDict()
         """session -> the worker keeping its history, and the turn whose order that was."""
         self._idle = asyncio.Event()
@@ -157,10 +156,9 @@ class WorkerPool:
         if sum(not a.aborted for a in self.running.values()) >= self.concurrency:
             return {"ok": False, "error": DRONE_BUSY}
         worker, part = self._place(order, sent)
-        early = turn_id in self.aborted_early
-        if early:
-            del self.aborted_early[turn_id]
-        self.running[turn_id] = Assigned(worker, self.outlet.report_for(turn_id), aborted=early)
+        early = self.aborted_early.pop(turn_id, None)
+        aborted = early == "now"
+        self.running[turn_id] = Assigned(worker, self.outlet.report_for(turn_id), aborted=aborted)
         self._idle.clear()
         data = part.model_dump_json(by_alias=True, exclude_none=True).encode()
         log.debug(
@@ -170,19 +168,18 @@ class WorkerPool:
             len(part.history),
             len(order.history),
         )
-        worker.send(frame_bytes(b'["order",' + data + (b",true]" if early else b",false]")))
+        worker.send(frame_bytes(b'["order",' + data + (b",true]" if aborted else b",false]")))
+        if early == "after_step":
+            worker.send(frame(["abort", turn_id, early, "person"]))
         return {"ok": True}
 
     def abort(
-        self, turn_id: str, mode: Literal["now", "after_step"] = "now", cause: AbortCause = "person"
+        self, turn_id: str, mode: AbortMode = "now", cause: AbortCause = "person"
     ) -> tuple[bool, str]:
         """Answered here, at once; the worker closes the model's stream from its own thread."""
         assigned = self.running.get(turn_id)
         if assigned is None:
-            if turn_id in self.ended or mode != "now":
-                return False, NO_ACTIVE_WORK_ORDER
-            remember(self.aborted_early, turn_id)  # its work order is still on its way
-            return True, ABORT_SIGNALED
+            return abort_early(self.aborted_early, self.ended, turn_id, mode)
         assigned.worker.send(frame(["abort", turn_id, mode, cause]))
         if mode == "after_step":
             return True, STOP_AFTER_STEP
@@ -383,7 +380,7 @@ class WorkerPool:
     async def _end(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
         if self.running.pop(turn_id, None) is None:
             return
-        remember(self.ended, turn_id)
+        remember(self.ended, turn_id, None)
         try:
             await self.outlet.complete(turn_id, success, message, ending)
         finally:

@@ -13,7 +13,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from hangar.shared.abort import (
     AbortCause,
@@ -49,6 +49,8 @@ from .tools import Toolbox
 from .tools.policy import ToolPolicy
 from .tools.sandbox import Sandbox
 
+T = TypeVar("T")
+AbortMode = Literal["now", "after_step"]
 log = logging.getLogger("hangar.drone")
 
 REMEMBERED = 1000
@@ -122,8 +124,8 @@ class AgentService:
         self.running: dict[str, RunningOrder] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
         """Turns that ran here and ended, most recent last."""
-        self.aborted_early: OrderedDict[str, None] = OrderedDict()
-        """Turns aborted before their work order arrived."""
+        self.aborted_early: OrderedDict[str, AbortMode] = OrderedDict()
+        """Turns aborted (or to stop after their first step) before their work order arrived."""
 
     def accept(self, order: WorkOrder, sent: WorkOrder | None = None) -> dict[str, Any]:
         """Take a work order (or refuse it, busy); its controller exists from this moment on.
@@ -140,28 +142,28 @@ class AgentService:
         timeout = self.tools.approval_timeout if self.tools else APPROVAL_TIMEOUT
         approvals = Approvals(self.policy, timeout, set(order.approved_tools))
         running = RunningOrder(order, linked_controller(self.root), approvals)
-        if order.turn_id in self.aborted_early:
-            del self.aborted_early[order.turn_id]
+        early = self.aborted_early.pop(order.turn_id, None)
+        if early == "now":
             running.controller.abort(AbortError(cause="person"))
-        elif self.deadline is not None:
-            running.deadline = asyncio.get_running_loop().call_later(
-                self.deadline, running.controller.abort, AbortTimeoutError(self.deadline)
-            )
+        else:
+            if early == "after_step":
+                running.gentle.abort(AbortError(cause="person"))
+            if self.deadline is not None:
+                running.deadline = asyncio.get_running_loop().call_later(
+                    self.deadline, running.controller.abort, AbortTimeoutError(self.deadline)
+                )
         self.running[order.turn_id] = running
         running.task = asyncio.ensure_future(self.process(running))
         return {"ok": True}
 
     def abort(
-        self, turn_id: str, mode: Literal["now", "after_step"] = "now", cause: AbortCause = "person"
+        self, turn_id: str, mode: AbortMode = "now", cause: AbortCause = "person"
     ) -> tuple[bool, str]:
         """Fire the work order's signal and answer at once; the turn ends on its own. (The
         connection logs the answer: in a worker process this is not where the drone answers.)"""
         running = self.running.get(turn_id)
         if running is None:
-            if turn_id in self.ended or mode != "now":
-                return False, NO_ACTIVE_WORK_ORDER
-            remember(self.aborted_early, turn_id)  # its work order is still on its way
-            return True, ABORT_SIGNALED
+            return abort_early(self.aborted_early, self.ended, turn_id, mode)
         if mode == "after_step":
             running.gentle.abort(AbortError(cause="person"))
             return True, STOP_AFTER_STEP
@@ -237,7 +239,7 @@ class AgentService:
                 running.deadline.cancel()
             controller.close()
             self.running.pop(order.turn_id, None)
-            remember(self.ended, order.turn_id)
+            remember(self.ended, order.turn_id, None)
         ending = Ending(reason=reason, usage=running.tally.usage)
         try:
             await self.outlet.complete(order.turn_id, success, message, ending)
@@ -257,10 +259,22 @@ class AgentService:
         await self.provider.close()
 
 
-def remember(recent: OrderedDict[str, None], turn_id: str) -> None:
-    recent[turn_id] = None
+def remember(recent: OrderedDict[str, T], turn_id: str, value: T) -> None:
+    recent[turn_id] = value
     while len(recent) > REMEMBERED:
         recent.popitem(last=False)
+
+
+def abort_early(
+    early: OrderedDict[str, AbortMode], ended: OrderedDict[str, None], turn_id: str, mode: AbortMode
+) -> tuple[bool, str]:
+    """The answer to an abort of a turn not running here: kept (its work order is still on its
+    way) unless it ran here; a "now" is not made "after this step" by a later one."""
+    if turn_id in ended:
+        return False, NO_ACTIVE_WORK_ORDER
+    if early.get(turn_id) != "now":
+        remember(early, turn_id, mode)
+    return (True, ABORT_SIGNALED) if early[turn_id] == "now" else (True, STOP_AFTER_STEP)
 
 
 def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool, str, EndReason]:

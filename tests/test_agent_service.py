@@ -26,6 +26,7 @@ from hangar.shared.protocol import (
     ABORTED,
     RAN_ALREADY,
     STALLED,
+    STOP_AFTER_STEP,
     TOOL_CANCELLED,
     ChatMessage,
     Ending,
@@ -208,6 +209,42 @@ async def test_an_abort_acked_as_the_answer_comes_in_ends_the_turn_aborted(
     assert answers == [(True, "Abort signaled")]
     assert recorder.endings[-1].reason == "aborted"
     assert [(m.role, m.content) for m in recorder.messages] == [("assistant", "All of it.")]
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in the drone", "in a worker"])
+async def test_stop_after_this_step_before_the_order_arrives_stops_after_its_first_step(
+    openai_peer: OpenAIPeer, tmp_path: Path, workers: int
+) -> None:
+    """Asked between the relay's sending the order and its arrival, "stop after this step" was
+    answered "No active work order to abort" and forgotten: the turn ran every step. It now
+    stops after the first, as if asked while the model's first token was awaited."""
+    recorder = Recorder()
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("read_file", {"path": "a.txt"})]),
+        Reply(chunks=["never asked"]),
+    )
+    work: AgentService | WorkerPool
+    if workers:
+        config = DroneConfig(
+            provider="openai", model="gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1"
+        )
+        settings = settings_wire(config, tools_in(tmp_path), log_level=logging.WARNING)
+        work = WorkerPool(
+            settings, recorder, root=AbortController().signal, workers=1, concurrency=2
+        )
+        await work.start()
+    else:
+        work = service_for(openai_peer, recorder, tmp_path)
+    (tmp_path / "a.txt").write_text("contents of a")
+    try:
+        assert work.abort("t_1", "after_step") == (True, STOP_AFTER_STEP)
+        assert work.accept(order("t_1", "Read it, then go on")) == {"ok": True}
+        assert await finished(recorder) == ("t_1", True, ABORTED)
+    finally:
+        await (work.close() if isinstance(work, WorkerPool) else work.drain())
+    # The step was the model's call (docs/protocol.md, "stop after this step"): its tool is not run.
+    assert len(openai_peer.requests) == 1, "no model call after the step"
+    assert [(m.role, m.content) for m in recorder.messages[1:]] == [("tool", TOOL_CANCELLED)]
 
 
 async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ from hangar.shared.protocol import (
     ABORT_SIGNALED,
     DRONE_NAMESPACE,
     DRONE_STOPPING,
-    NO_ACTIVE_WORK_ORDER,
     STOP_AFTER_STEP,
     TOOL_CANCELLED,
     ChatMessage,
@@ -218,7 +217,8 @@ class TardyDrone(HandDrone):
 
     async def _abort(self, data: dict[str, Any]) -> tuple[bool, str]:
         if data.get("mode") == "after_step":  # as a drone answers for an order not arrived
-            return False, NO_ACTIVE_WORK_ORDER
+            self.aborts.append(data)
+            return True, STOP_AFTER_STEP
         return await super()._abort(data)
 
     async def close(self) -> None:
@@ -266,12 +266,12 @@ async def test_a_turn_aborted_before_its_drone_took_it_ends_aborted_and_is_not_s
             await drone.close()
 
 
-async def test_stop_after_this_step_before_the_drone_has_the_order_changes_nothing(
+async def test_stop_after_this_step_before_the_drone_has_the_order_is_kept(
     relay: RelayHandle, browsers: Any
 ) -> None:
-    """Asked before the drone has the order, "stop after this step" is answered as the drone
-    answers it (nothing to stop yet) and is not kept: the turn then runs, shows as not
-    stopping, and ends as its drone says."""
+    """Asked before the drone has the order, "stop after this step" was answered "No active work
+    order to abort" (the drone forgot it) and the turn ran every step. The drone keeps it for
+    the order on its way, as it does an abort, and says so: the turn shows as stopping."""
     browser = await browsers("ada")
     tardy = await TardyDrone(relay.url, "tardy-1").connect()
     try:
@@ -280,20 +280,20 @@ async def test_stop_after_this_step_before_the_drone_has_the_order_changes_nothi
         turn_id = ack["turnId"]
         assert await tardy.next_order() == turn_id
         gentle = await browser.call("abortWorkOrder", {"turnId": turn_id, "mode": "after_step"})
-        assert gentle == (False, NO_ACTIVE_WORK_ORDER)
+        assert gentle == (True, STOP_AFTER_STEP)
 
         tardy.answer.set_result({"ok": True})
         await eventually(lambda: turn_id in relay.relay.turns.accepted, what="the order taken")
 
         opened = await browser.call("openSession", {"sessionId": ack["sessionId"]})
-        assert [(t["status"], t["stopping"]) for t in opened["turns"]] == [("processing", False)]
-        ending = {"reason": "finished"}
+        assert [(t["status"], t["stopping"]) for t in opened["turns"]] == [("processing", True)]
+        ending = {"reason": "aborted"}
         done = await tardy.client.call(
-            "workOrderComplete", (turn_id, True, "Hi", ending), namespace=DRONE_NAMESPACE
+            "workOrderComplete", (turn_id, True, "aborted", ending), namespace=DRONE_NAMESPACE
         )
         assert done == {"ok": True}
-        assert await browser.completion(turn_id) == (turn_id, True, "Hi")
-        assert "endedBy" not in await browser.ending(turn_id)
+        assert await browser.completion(turn_id) == (turn_id, True, "aborted")
+        assert (await browser.ending(turn_id))["endedBy"] == "ada"
     finally:
         await tardy.close()
 
