@@ -64,6 +64,8 @@ class SqliteTurnStore:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             if self.relay:
                 self._lock = relay_lock(self.path)
+            else:  # made here (an account command), readable by its owner only, as a relay's
+                os.close(os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangar-sqlite")
         self._conn = await self._call(self._connect)
 

@@ -35,6 +35,11 @@ async def hangar(*arguments: str | bytes, stdin: str | bytes | None = None) -> t
     return process.returncode, out.decode(), err.decode()
 
 
+def modes(folder: Path, prefix: str) -> set[str]:
+    """The modes of the files in ``folder`` whose names start with ``prefix``."""
+    return {oct(p.stat().st_mode & 0o777) for p in folder.iterdir() if p.name.startswith(prefix)}
+
+
 async def accounts_of(database: Path) -> tuple[Accounts, SqliteTurnStore]:
     store = SqliteTurnStore(database)
     await store.open()
@@ -75,6 +80,25 @@ async def test_people_are_added_listed_given_passwords_and_removed(tmp_path: Pat
         await store.close()
     assert (await hangar("user", "remove", "bot", "--database", db))[0] == 0
     assert (await hangar("user", "list", "--database", db))[1].count("\n") == 1
+
+
+async def test_a_database_an_account_command_makes_is_readable_by_its_owner_only(
+    tmp_path: Path,
+) -> None:
+    """The README's first step makes the database with ``user add``: it was made readable by
+    everyone at the machine (umask 022), and its write-ahead log with it: every conversation,
+    tool output and password hash."""
+    db = tmp_path / "hangar.db"
+    previous = os.umask(0o022)
+    try:
+        added = await hangar(
+            "user", "add", "ada", "--admin", "--password-stdin", "--database", str(db),
+            stdin="first password\n",
+        )  # fmt: skip
+    finally:
+        os.umask(previous)
+    assert added[0] == 0
+    assert modes(tmp_path, "hangar.db") == {oct(0o600)}
 
 
 async def test_the_last_admin_is_not_removed_while_others_have_accounts(tmp_path: Path) -> None:
