@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from hangar.shared.cli import add_log_level, add_setting, database
+from hangar.shared.shown import shown
 
 from .accounts import AccountError, Accounts
 from .app import open_store
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             await store.open()
         except Exception as error:
-            print(f"{prefix}: cannot open {args.database}: {error}", file=sys.stderr)
+            print(f"{prefix}: cannot open {shown(args.database)}: {error}", file=sys.stderr)
             return 1
         try:
             return await action(Accounts(store), args)

@@ -21,6 +21,7 @@ from hangar.shared.cli import (
     seconds,
     url,
 )
+from hangar.shared.shown import shown
 
 from .access import networks
 from .app import RELAY, SHUTDOWN_WAIT, RelayConfig, build_app
@@ -236,7 +237,7 @@ def cannot_open(config: RelayConfig, error: BaseException) -> str:
         return f"cannot reach Redis: {said}"
     if "://" in config.database:
         return f"cannot open the database: {said}"
-    return f"cannot open the database {config.database}: {said}"
+    return f"cannot open the database {shown(config.database)}: {said}"
 
 
 async def serve(config: RelayConfig, token_was_given: bool) -> int:
@@ -255,12 +256,13 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
     if not await relay.accounts.users():
         print(
             f"No accounts yet: add one with hangar user add NAME --admin "
-            f"--database {config.database}",
+            f"--database {shown(config.database)}",
             flush=True,
         )
     if not token_was_given:
         print(
-            f"Drones need a token: hangar drone-token create NAME --database {config.database}",
+            f"Drones need a token: hangar drone-token create NAME --database "
+            f"{shown(config.database)}",
             flush=True,
         )
     try:

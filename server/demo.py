@@ -22,6 +22,7 @@ from aiohttp import web
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import WOULD_HOLD_DATABASE, add_setting, holds_database, work_directory
+from hangar.shared.shown import shown
 
 from .access import is_loopback
 from .accounts import Accounts
@@ -98,7 +99,7 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
                 print(
                     f"hangar demo: on {config.host} the page is open to the network and needs "
                     f"accounts: add one with hangar user add NAME --admin --database "
-                    f"{config.database}",
+                    f"{shown(config.database)}",
                     file=sys.stderr,
                 )
                 return 2

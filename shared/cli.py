@@ -29,6 +29,8 @@ from types import ModuleType
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
+from .shown import without_password
+
 PARTS = {
     "serve": "hangar.server.cli",
     "demo": "hangar.server.demo",
@@ -180,15 +182,15 @@ def url(*schemes: str) -> Callable[[str], str]:
     wanted = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
     def check(text: str) -> str:
-        parts = urlsplit(text.strip())
+        parts, said = urlsplit(text.strip()), without_password(text)
         if parts.scheme not in schemes:
-            raise ValueError(f"expected a URL starting with {wanted}, got {text!r}.")
+            raise ValueError(f"expected a URL starting with {wanted}, got {said!r}.")
         try:
             parts.port  # noqa: B018 (raises ValueError for a port that is not a port number)
         except ValueError:
-            raise ValueError(f"expected a port number in the URL, got {text!r}.") from None
+            raise ValueError(f"expected a port number in the URL, got {said!r}.") from None
         if not (parts.hostname or parts.scheme == "unix") or any(c.isspace() for c in parts.netloc):
-            raise ValueError(f"expected a host in the URL, got {text!r}.")
+            raise ValueError(f"expected a host in the URL, got {said!r}.")
         return text.strip()
 
     return check
@@ -278,7 +280,7 @@ def _is_relay_database(path: str) -> bool:
 def database(text: str) -> str:
     """A ``postgresql://`` URL, or a SQLite file in a folder that exists."""
     scheme = text.split("://", 1)[0] if "://" in text else ""
-    expected = f"expected a SQLite file or a postgresql:// URL, got {text!r}."
+    expected = f"expected a SQLite file or a postgresql:// URL, got {without_password(text)!r}."
     if scheme in ("postgresql", "postgres"):
         try:
             urlsplit(text).port  # noqa: B018 (raises ValueError for a port out of range)

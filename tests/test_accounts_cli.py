@@ -101,6 +101,24 @@ async def test_a_database_an_account_command_makes_is_readable_by_its_owner_only
     assert modes(tmp_path, "hangar.db") == {oct(0o600)}
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["user", "list", "--database", "postgresql://hangar:S3cretPassw0rd@127.0.0.1:1/hangar"],
+        ["serve", "--database", "postgresql://hangar:S3cretPassw0rd@127.0.0.1:99999/hangar"],
+        ["serve", "--database", "postgresql://127.0.0.1:1/hangar?password=S3cretPassw0rd"],
+        ["serve", "--redis", "redis://:S3cretPassw0rd@127.0.0.1:99999/0"],
+    ],
+    ids=["cannot open", "bad port", "in the query", "redis"],
+)
+async def test_a_urls_password_is_not_printed(command: list[str]) -> None:
+    """It went to the terminal (and journals, CI logs) in every error naming the URL."""
+    code, out, err = await hangar(*command)
+
+    assert code != 0 and err.count("\n") == 1  # one line saying what is wrong
+    assert "S3cretPassw0rd" not in out + err
+
+
 async def test_the_last_admin_is_not_removed_while_others_have_accounts(tmp_path: Path) -> None:
     """Else nobody could see every turn or manage the deployment from the page."""
     db = str(tmp_path / "hangar.db")
