@@ -156,6 +156,10 @@ class Accounts:
         await self.db.execute(
             "UPDATE users SET password_hash = ? WHERE user_id = ?", hashed, user.user_id
         )
+        await self.end_logins(user)
+
+    async def end_logins(self, user: User) -> None:
+        """End every login of the person (other devices included)."""
         for row in await self.db.fetch(
             "SELECT token_hash FROM logins WHERE user_id = ?", user.user_id
         ):

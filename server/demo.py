@@ -25,7 +25,7 @@ from hangar.shared.cli import WOULD_HOLD_DATABASE, add_setting, holds_database, 
 from hangar.shared.shown import shown
 
 from .access import is_loopback
-from .accounts import Accounts
+from .accounts import Accounts, User
 from .app import RELAY, RelayConfig, open_store
 from .cli import (
     SHUTDOWN,
@@ -44,6 +44,10 @@ DRONE_START_TIMEOUT = 30.0
 DRONE_STOP_TIMEOUT = 10.0
 DEMO_USER = "demo"
 DEMO_DRONE = "demo-drone"
+TAKEN = (
+    f"hangar demo: this database has a person named {DEMO_USER}, whom the demo would log every "
+    "visitor in as; run the demo on a database of its own (--database)."
+)
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,7 +99,11 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         config.demo_user = DEMO_USER
     try:
         async with root.signal.scope():  # Ctrl-C while the database does not answer
-            if not is_loopback(config.host) and not await _has_accounts(config):
+            people = await _people(config)
+            if any(p.name == DEMO_USER and (p.has_password or not p.admin) for p in people):
+                print(TAKEN, file=sys.stderr)
+                return 2
+            if not is_loopback(config.host) and not people:
                 print(
                     f"hangar demo: on {config.host} the page is open to the network and needs "
                     f"accounts: add one with hangar user add NAME --admin --database "
@@ -109,9 +117,10 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         return 1
     except AbortError:
         return 0
+    accounts = runner.app[RELAY].accounts
     base = relay_url(config.host, port)
     arguments, label = demo_drone_arguments(base, model)
-    token = await _demo_drone_token(runner.app[RELAY].accounts)
+    token = await _demo_drone_token(accounts)
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
     scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
     arguments += ["--workdir", workdir or str(scratch), "--log-level", log_level]
@@ -147,12 +156,18 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         return 0 if root.signal.aborted else 1
     finally:
         await _stop_child(drone)
+        try:  # its visitors' logins and its drone's token end with it (not on a team's relay)
+            if user := await accounts.user(DEMO_USER):
+                await accounts.end_logins(user)
+            await accounts.revoke_drone_token(DEMO_DRONE)
+        except Exception as error:  # the database failed: said, the demo still stops
+            print(f"hangar demo: its logins could not be ended: {error}", file=sys.stderr)
         await runner.cleanup()
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _has_accounts(config: RelayConfig) -> bool:
+async def _people(config: RelayConfig) -> list[User]:
     store = open_store(config.database)
     try:
         await store.open()
@@ -160,7 +175,7 @@ async def _has_accounts(config: RelayConfig) -> bool:
         log.debug("the database could not be opened", exc_info=True)
         raise RelayStartError(cannot_open(config, error)) from error
     try:
-        return bool(await Accounts(store).users())
+        return await Accounts(store).users()
     finally:
         await store.close()
 

@@ -13,6 +13,8 @@ import aiohttp
 import pytest
 
 from hangar.server.access import LOGIN_COOKIE
+from hangar.server.app import RELAY, RelayConfig
+from hangar.server.cli import start_relay
 from tests.conftest import HANGAR, ROOT, Browser, eventually, relay_folder
 
 
@@ -117,3 +119,51 @@ async def _tool(browser: Browser, turn_id: str, state: str) -> dict[str, Any]:
     )
     call: dict[str, Any] = found[0]
     return call
+
+
+async def test_the_demos_logins_end_with_it_and_a_person_named_demo_is_not_taken(
+    tmp_path: Path,
+) -> None:
+    """Run once on a team's database, the demo left its visitors' admin logins (14 days)
+    working on the team's relay; and a person of the team named ``demo`` was the user every
+    visitor on the machine was logged in as."""
+    database = str(relay_folder(tmp_path) / "team.db")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OLLAMA_HOST")}
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "demo", "--port", "0", "--database", database,
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        found = re.search(r"open (http://\S+/) in your browser", line)
+        assert found, line
+        async with aiohttp.ClientSession() as http, http.get(found.group(1)) as page:
+            login = page.cookies[LOGIN_COOKIE].value
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+
+    runner, port = await start_relay(RelayConfig(port=0, database=database))
+    try:
+        async with (
+            aiohttp.ClientSession(cookies={LOGIN_COOKIE: login}) as http,
+            http.get(f"http://127.0.0.1:{port}/", allow_redirects=False) as page,
+        ):
+            assert (page.status, page.headers.get("Location")) == (303, "/login")
+        await runner.app[RELAY].accounts.remove_user("demo")
+        await runner.app[RELAY].accounts.add_user("demo", "a person's password")
+    finally:
+        await runner.cleanup()
+
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "demo", "--port", "0", "--database", database,
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2, out
+    assert err.decode() == (
+        "hangar demo: this database has a person named demo, whom the demo would log every "
+        "visitor in as; run the demo on a database of its own (--database).\n"
+    )
