@@ -41,6 +41,7 @@ from .accounts import (
     Revocation,
     User,
     token_hash,
+    user_key,
 )
 from .connections import UNAVAILABLE
 from .limits import QuietLog
@@ -244,15 +245,15 @@ class Access:
             # A name no person can have is not kept (nor checked): only the address counts.
             stripped = name.strip()
             named = USER_NAME.fullmatch(stripped) is not None
-            address_key, user_key = f"address:{address}", f"user:{stripped}"
-            if await self.accounts.login_attempt(address_key, user_key if named else None):
+            address_key, name_key = f"address:{address}", user_key(stripped)
+            if await self.accounts.login_attempt(address_key, name_key if named else None):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
             user = await self.accounts.check_password(stripped, password) if named else None
             if user is None:
                 log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)
-            await self.accounts.login_succeeded(address_key, user_key)
+            await self.accounts.login_succeeded(address_key, name_key)
             response = web.HTTPSeeOther("/")
             self._set_cookie(request, response, await self.accounts.log_in(user))
             log.info("login user=%s", user.name)

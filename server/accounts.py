@@ -45,6 +45,11 @@ class AccountError(Exception):
     """A command cannot be done; the message is a sentence for the person."""
 
 
+def user_key(name: str) -> str:
+    """What failed logins under a name are counted by."""
+    return f"user:{name}"
+
+
 @dataclass(frozen=True)
 class User:
     user_id: str
@@ -148,7 +153,7 @@ class Accounts:
         return True
 
     async def set_password(self, name: str, password: str) -> None:
-        """Set the password and end every login of the person (other devices included)."""
+        """Set the password, end every login of the person and lift the lock on the name."""
         user = await self.user(name)
         if user is None:
             raise AccountError(f"There is no user named {name!r}.")
@@ -157,6 +162,7 @@ class Accounts:
             "UPDATE users SET password_hash = ? WHERE user_id = ?", hashed, user.user_id
         )
         await self.end_logins(user)
+        await self.db.execute("DELETE FROM login_failures WHERE failure_key = ?", user_key(name))
 
     async def end_logins(self, user: User) -> None:
         """End every login of the person (other devices included)."""

@@ -227,6 +227,22 @@ async def test_repeated_failures_lock_the_name_but_not_other_people(
     assert (await logins().log_in("bob", PASSWORD))[0] == 303
 
 
+async def test_a_new_password_lifts_the_lock_on_the_name(
+    relay: RelayHandle, logins: Callable[..., Login]
+) -> None:
+    """Anyone's five guesses locked a person out, again and again, and no command lifted it,
+    not even ``hangar user passwd``: the operator now sets a new password to let them in."""
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+    for _ in range(MAX_USER_FAILURES):
+        assert (await login.log_in("ada", "guess"))[0] == 401
+    assert (await login.log_in("ada", PASSWORD))[0] == 429
+
+    await relay.relay.accounts.set_password("ada", "a new password")
+
+    assert (await logins().log_in("ada", "a new password"))[0] == 303
+
+
 @pytest.mark.parametrize("correct", [False, True], ids=["guesses", "guesses and the password"])
 async def test_guesses_sent_at_once_are_counted_before_any_is_checked(
     relay: RelayHandle, logins: Callable[..., Login], correct: bool
