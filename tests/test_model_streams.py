@@ -266,6 +266,33 @@ async def test_a_line_nested_past_any_depth_in_the_stream_is_told_as_unreadable(
     assert (success, message) == (False, module.UNREADABLE)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"error": "Input validation error: too long"}',
+        '{"error": {"message": "Input validation error: too long", "code": 400}}',
+        '{"object": "error", "message": "Input validation error: too long", "code": 400}',
+    ],
+    ids=["a string", "an object", "vLLM's"],
+)
+async def test_an_error_an_openai_service_sends_in_its_stream_is_told_in_its_words(
+    openai_peer: OpenAIPeer, tmp_path: Path, line: str
+) -> None:
+    """The SDK says "An error occurred during streaming" for an error that is a string; an
+    error chunk of vLLM's shape was taken for an empty chunk ("stream ended before its answer
+    did")."""
+    openai_peer.script(Reply(chunks=["Partial "], garbage=line, cut_short=True))
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Fail"))
+
+    assert await finished(recorder) == (
+        "t_1",
+        False,
+        "The model service reported an error: Input validation error: too long",
+    )
+
+
 async def test_an_error_that_is_a_json_string_is_told_in_its_words(
     upstream: Upstream, tmp_path: Path
 ) -> None:

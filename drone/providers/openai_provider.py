@@ -164,6 +164,9 @@ class _Reading:
     def read(self, chunk: object) -> list[ChatEvent]:
         if not isinstance(chunk, dict):
             raise ProviderError(UNREADABLE)
+        if chunk.get("object") == "error":  # vLLM's and others' error in the stream
+            said = said_by_service(json.dumps(chunk))
+            raise ProviderError(f"The model service reported an error: {said}")
         events: list[ChatEvent] = []
         try:
             usage = chunk.get("usage")
@@ -248,4 +251,8 @@ def _describe(error: openai.APIError) -> str:
         return "The model service timed out."
     if isinstance(error, openai.APIConnectionError):
         return "The model service could not be reached."
-    return f"The model service failed: {said_by_service(str(error))}"
+    # An error the service sent in its stream: the SDK's message, or its own words for one
+    # that is a string ("An error occurred during streaming").
+    sent: object = error.body
+    said = json.dumps(sent) if isinstance(sent, dict | str) and sent else str(error)
+    return f"The model service reported an error: {said_by_service(said)}"
