@@ -159,10 +159,21 @@ def add_relay_arguments(command: argparse.ArgumentParser) -> None:
         "--drone-grace",
         env="HANGAR_DRONE_GRACE",
         default="3",
-        check=seconds,
+        check=grace,
         help="a silent drone is noticed within this, and its turns end in error if it is not "
         "back within this again (HANGAR_DRONE_GRACE; default %(default)s)",
     )
+
+
+MOST_GRACE = 3600.0
+"""Seconds of ``--drone-grace`` at most (engine.io's ping timeout is two thirds of it)."""
+
+
+def grace(text: str) -> float:
+    number = seconds(text)
+    if number > MOST_GRACE:
+        raise ValueError(f"expected a number of seconds from 0 to {MOST_GRACE:g}, got {text!r}.")
+    return number
 
 
 def relay_config(args: argparse.Namespace) -> RelayConfig:

@@ -193,6 +193,9 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: --log-level: {LEVELS}, got 'loud'."),
         (["user", "list"], {"HANGAR_LOG_LEVEL": "loud"},
          f"hangar: HANGAR_LOG_LEVEL (for --log-level): {LEVELS}, got 'loud'."),
+        (["serve", "--drone-grace", "1e300"], {},  # it started, and no drone could connect
+         "hangar serve: --drone-grace: expected a number of seconds from 0 to 3600, "
+         "got '1e300'."),
     ],
     ids=[
         "server-without-scheme", "server-env-list", "base-url-without-scheme",
@@ -204,7 +207,7 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
         "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",
         "workdir-a-file", "demo-workdir-env",
-        "log-level-before", "log-level-after", "log-level-env",
+        "log-level-before", "log-level-after", "log-level-env", "drone-grace-too-long",
     ],
 )  # fmt: skip
 async def test_a_bad_value_is_one_line_naming_it_with_exit_code_2(
