@@ -247,6 +247,36 @@ async def test_stop_after_this_step_before_the_order_arrives_stops_after_its_fir
     assert [(m.role, m.content) for m in recorder.messages[1:]] == [("tool", TOOL_CANCELLED)]
 
 
+async def test_stop_after_this_step_in_a_sub_agent_keeps_what_its_step_did(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """The sub-agent's step finished (its tool ran), but the turn's own call that started it
+    was stored as cancelled: the next turn's model was told nothing had happened."""
+    recorder = Recorder()
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": "read a"})]),
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("read_file", {"path": "a.txt"})]),
+        Reply(chunks=["never asked"]),
+    )
+    service = service_for(openai_peer, recorder, tmp_path)
+    answers: list[tuple[bool, str]] = []
+
+    def stop_during_the_sub_agents_step(name: str, state: str) -> None:
+        if (name, state) == ("read_file", "start"):
+            answers.append(service.abort("t_1", "after_step"))
+
+    recorder.on_tool = stop_during_the_sub_agents_step
+    service.accept(order("t_1", "Have a sub-agent read a"))
+
+    assert await finished(recorder) == ("t_1", True, ABORTED)
+    await service.drain()
+    assert answers == [(True, STOP_AFTER_STEP)]
+    assert len(openai_peer.requests) == 2, "no model call after the sub-agent's step"
+    spawned = recorder.messages[1]
+    assert spawned.role == "tool" and "contents of a" in spawned.content, spawned.content
+    assert spawned.content != TOOL_CANCELLED
+
+
 async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
     recorder = Recorder()
     service = service_for(openai_peer, recorder, tmp_path)

@@ -29,6 +29,10 @@ SUBAGENT_PROMPT = (
     "then answer with a short, complete report of the result."
 )
 
+STOPPED_AFTER_STEP = (
+    "The person asked to stop after this step: the sub-agent stopped after its step."
+)
+
 
 def _spec(name: str, description: str, **properties: str) -> ToolSpec:
     return ToolSpec(
@@ -146,6 +150,9 @@ class Toolbox:
             try:
                 return await child.run(messages, controller.signal)
             except AbortError as error:
+                stopped = self.step_signal is not None and self.step_signal.aborted
+                if stopped and not signal.aborted:  # "stop after this step": what it did stays
+                    return _stopped_after_step(messages[2:])
                 if error.cause != "stall" or signal.aborted:
                     raise
                 # The sub-agent's model, not the work order, stopped: a failed tool, as when
@@ -155,6 +162,18 @@ class Toolbox:
             finally:
                 # The sub-agent's operation tree ends with it, whatever happened.
                 controller.abort(AbortError("The sub-agent ended.", cause="scope"))
+
+
+def _stopped_after_step(done: list[ChatMessage]) -> str:
+    """A sub-agent's result when the person asked to stop after the step: what it said and
+    what its tools returned, so the model is not told that nothing happened."""
+    lines = [STOPPED_AFTER_STEP]
+    for message in done:
+        if message.role == "assistant" and message.content.strip():
+            lines.append(f"It said: {message.content}")
+        elif message.role == "tool":
+            lines.append(f"{message.name or 'A tool'} returned: {message.content}")
+    return "\n".join(lines)
 
 
 def _arguments(text: str) -> dict[str, Any]:
