@@ -274,6 +274,12 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
     )
 
 
+NO_API_KEY = (
+    "hangar drone: the openai provider needs an API key (--api-key or OPENAI_API_KEY), or "
+    "--base-url for a service that needs none."
+)
+
+
 def provider(text: str) -> str:
     if text not in PROVIDERS:
         raise ValueError(f"expected one of {', '.join(PROVIDERS)}, got {text!r}.")
@@ -288,6 +294,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     config = config_from(args)
+    if config.provider == "openai" and not (config.api_key or config.base_url):
+        print(NO_API_KEY, file=sys.stderr)  # every turn would fail, 401, once it came
+        return 2
     live_status = sys.stderr.isatty() and os.environ.get("HANGAR_STATUS_LINE", "").lower() != "off"
 
     async def main() -> int:

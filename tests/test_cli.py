@@ -252,6 +252,17 @@ async def test_a_bad_variable_is_reported_only_by_a_command_that_uses_it() -> No
     ]
 
 
+async def test_an_openai_drone_without_a_key_or_a_service_address_does_not_start() -> None:
+    """It started, and every turn failed later (OpenAI answered 401 to the key "unused")."""
+    code, _, stderr = await hangar("drone", "--token", "x" * 20, "--provider", "openai")
+
+    assert (code, stderr) == (
+        2,
+        "hangar drone: the openai provider needs an API key (--api-key or OPENAI_API_KEY), or "
+        "--base-url for a service that needs none.\n",
+    )
+
+
 def waiting_drone_args(port: int) -> list[str]:
     return [
         "drone", "--server", f"http://127.0.0.1:{port}", "--token", DRONE_TOKEN,
