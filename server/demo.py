@@ -123,6 +123,8 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     token = await _demo_drone_token(accounts)
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
     scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
+    if scratch:  # also when a second Ctrl-C stops the demo at once
+        runtime.LAST_WORDS.append(functools.partial(shutil.rmtree, scratch, ignore_errors=True))
     arguments += ["--workdir", workdir or str(scratch), "--log-level", log_level]
     # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the drone once;
     # a demo killed outright takes it along (SIGTERM: it still stops as if Ctrl-C'd).

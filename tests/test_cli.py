@@ -687,6 +687,24 @@ async def test_the_demo_drone_works_in_a_fresh_folder_removed_when_the_demo_stop
     assert loud_lines(stderr) == []
 
 
+async def test_a_second_ctrl_c_on_the_demo_still_removes_its_fresh_folder(
+    demo_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A second Ctrl-C (or GNU timeout's two SIGTERMs) exits at once: the folder the demo said
+    it would remove, which may hold what the model wrote, was left behind."""
+    process, where, browser = await run_demo(demo_peer, tmp_path)
+    found = re.fullmatch(r"Its tools work in (\S+) \(removed when the demo stops\)\.", where)
+    assert found, where
+    await browser.close()
+
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    await asyncio.wait_for(process.communicate(), 30)
+
+    assert process.returncode == 130  # the second stopped it at once
+    assert not exists(Path(found.group(1)))
+
+
 async def test_a_drone_refuses_a_work_directory_that_holds_a_relays_database(
     tmp_path: Path,
 ) -> None:
