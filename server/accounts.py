@@ -1,15 +1,12 @@
 """People and what proves who is connecting: accounts (admin or member), login sessions,
 personal API tokens, drone tokens, failed-login limits, and the revocations every relay follows.
 
-Secrets are stored only as SHA-256 hashes (a token) or argon2 hashes (a password, through
-argon2-cffi, off the event loop: one hash costs ~0.1 s). The SQL is written once, for both
-databases (``Database``).
+Secrets are stored only as SHA-256 hashes (a token) or argon2 hashes (a password,
+``passwords.py``). The SQL is written once, for both databases (``Database``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import hashlib
 import hmac
 import re
@@ -18,11 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-
 from hangar.shared.protocol import DRONE_NAME_PATTERN, DRONE_TOKEN_PREFIX, drone_name_of
 
+from .passwords import AccountError as AccountError
+from .passwords import dummy_hash, hash_password, verify_password
 from .store import Database
 
 Role = Literal["admin", "member"]
@@ -38,11 +34,6 @@ MAX_ADDRESS_FAILURES = 20
 PRUNE_EVERY = 60.0
 """Seconds between removals of failed logins older than ``FAILURE_WINDOW``."""
 API_TOKEN_PREFIX = "hgt_"
-_HASHER = PasswordHasher()
-
-
-class AccountError(Exception):
-    """A command cannot be done; the message is a sentence for the person."""
 
 
 def user_key(name: str) -> str:
@@ -95,14 +86,8 @@ class Accounts:
     # ---- people
 
     async def add_user(self, name: str, password: str | None, role: Role = "member") -> User:
-        if not USER_NAME.fullmatch(name):
-            raise AccountError(
-                "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
-                "letter or digit."
-            )
-        if await self.user(name) is not None:
-            raise AccountError(f"A user named {name!r} already exists.")
-        hashed = await _hash(password) if password is not None else None
+        await self.check_new_name(name)
+        hashed = await hash_password(password) if password is not None else None
         user = User(f"u_{secrets.token_hex(8)}", name, role, time.time(), hashed is not None)
         await self.db.execute(
             "INSERT INTO users (user_id, name, password_hash, role, created_at)"
@@ -114,6 +99,16 @@ class Accounts:
             user.created_at,
         )
         return user
+
+    async def check_new_name(self, name: str) -> None:
+        """Raise ``AccountError`` unless ``name`` may be given to a new person."""
+        if not USER_NAME.fullmatch(name):
+            raise AccountError(
+                "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
+                "letter or digit."
+            )
+        if await self.user(name) is not None:
+            raise AccountError(f"A user named {name!r} already exists.")
 
     async def users(self) -> list[User]:
         rows = await self.db.fetch("SELECT * FROM users ORDER BY name")
@@ -157,7 +152,7 @@ class Accounts:
         user = await self.user(name)
         if user is None:
             raise AccountError(f"There is no user named {name!r}.")
-        hashed = await _hash(password)
+        hashed = await hash_password(password)
         await self.db.execute(
             "UPDATE users SET password_hash = ? WHERE user_id = ?", hashed, user.user_id
         )
@@ -175,7 +170,7 @@ class Accounts:
         """The person, if the password is theirs. Takes as long for an unknown name."""
         rows = await self.db.fetch("SELECT * FROM users WHERE name = ?", name)
         stored = rows[0]["password_hash"] if rows else None
-        if not await _verify(stored or _dummy_hash(), password) or stored is None:
+        if not await verify_password(stored or dummy_hash(), password) or stored is None:
             return None
         return _user(rows[0])
 
@@ -371,30 +366,3 @@ class Accounts:
 def _user(row: dict[str, Any]) -> User:
     has_password = row["password_hash"] is not None
     return User(row["user_id"], row["name"], row["role"], row["created_at"], has_password)
-
-
-@functools.cache
-def _dummy_hash() -> str:
-    """What an unknown name's password is checked against, so it takes as long."""
-    return _HASHER.hash(secrets.token_urlsafe(16))
-
-
-MIN_PASSWORD_CHARS = 8
-
-
-async def _hash(password: str) -> str:
-    if not password:
-        raise AccountError("A password cannot be empty.")
-    if len(password) < MIN_PASSWORD_CHARS:
-        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
-    return await asyncio.to_thread(_HASHER.hash, password)
-
-
-async def _verify(hashed: str, password: str) -> bool:
-    def verify() -> bool:
-        try:
-            return _HASHER.verify(hashed, password)
-        except (VerifyMismatchError, VerificationError, InvalidHashError):
-            return False
-
-    return await asyncio.to_thread(verify)

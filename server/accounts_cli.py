@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -90,33 +91,54 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(value, str) and not _utf8(value):
             print(f"{prefix}: {key} is not UTF-8 text: {value!r}.", file=sys.stderr)
             return 2
-    password: str | None = None
-    if getattr(args, "password_stdin", False) or (
+    args.password = None
+    asks = getattr(args, "password_stdin", False) or (
         args.action in ("add", "passwd") and not getattr(args, "no_password", False)
-    ):
+    )
+    if asks:  # the name is looked at first: a password is not typed for nothing
+        # A SQLite file that is not there yet is not made for it (the prompt may be left).
+        path = args.database.removeprefix("sqlite:///")
+        fresh = "://" not in args.database and not os.path.exists(path)
+        where = ":memory:" if fresh else args.database
+        checked = asyncio.run(_with_accounts(prefix, args, _before_password, where))
+        if checked:
+            return checked
         try:
-            password = _read_password(bool(args.password_stdin))
+            args.password = _read_password(bool(args.password_stdin))
         except AccountError as error:
             print(f"{prefix}: {error}", file=sys.stderr)
             return 2
-    args.password = password
+    return asyncio.run(_with_accounts(prefix, args, action, args.database))
 
-    async def main() -> int:
-        store = open_store(args.database)
-        try:
-            await store.open()
-        except Exception as error:
-            print(f"{prefix}: cannot open {shown(args.database)}: {error}", file=sys.stderr)
-            return 1
-        try:
-            return await action(Accounts(store), args)
-        except AccountError as error:
-            print(f"{prefix}: {error}", file=sys.stderr)
-            return 1
-        finally:
-            await store.close()
 
-    return asyncio.run(main())
+async def _with_accounts(
+    prefix: str,
+    args: argparse.Namespace,
+    action: Callable[[Accounts, argparse.Namespace], Awaitable[int]],
+    database: str,
+) -> int:
+    store = open_store(database)
+    try:
+        await store.open()
+    except Exception as error:
+        print(f"{prefix}: cannot open {shown(args.database)}: {error}", file=sys.stderr)
+        return 1
+    try:
+        return await action(Accounts(store), args)
+    except AccountError as error:
+        print(f"{prefix}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
+
+
+async def _before_password(accounts: Accounts, args: argparse.Namespace) -> int:
+    """Raise ``AccountError`` if the command cannot take its name, whatever the password."""
+    if args.action == "add":
+        await accounts.check_new_name(args.name)
+    elif await accounts.user(args.name) is None:
+        raise AccountError(f"There is no user named {args.name!r}.")
+    return 0
 
 
 def _read_password(from_stdin: bool) -> str:

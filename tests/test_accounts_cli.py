@@ -119,6 +119,23 @@ async def test_a_urls_password_is_not_printed(command: list[str]) -> None:
     assert "S3cretPassw0rd" not in out + err
 
 
+async def test_a_name_the_command_cannot_take_is_refused_before_the_password_is_asked(
+    tmp_path: Path,
+) -> None:
+    """The password was asked (twice, on a terminal) before the name was looked at: a person
+    typed it for nothing, and without one the error was about the password."""
+    db = str(tmp_path / "hangar.db")
+    assert (await hangar("user", "add", "ada", "--no-password", "--database", db))[0] == 0
+
+    nobody = await hangar("user", "passwd", "nobody", "--password-stdin", "--database", db)
+    twice = await hangar("user", "add", "ada", "--password-stdin", "--database", db)
+    bad = await hangar("user", "add", "no name", "--password-stdin", "--database", db)
+
+    assert nobody == (1, "", "hangar user passwd: There is no user named 'nobody'.\n")
+    assert twice == (1, "", "hangar user add: A user named 'ada' already exists.\n")
+    assert bad[0] == 1 and bad[2].startswith("hangar user add: A user name is 1-64 letters")
+
+
 async def test_the_last_admin_is_not_removed_while_others_have_accounts(tmp_path: Path) -> None:
     """Else nobody could see every turn or manage the deployment from the page."""
     db = str(tmp_path / "hangar.db")

@@ -1,0 +1,44 @@
+"""Passwords: what one must be, and its argon2 hash (argon2-cffi, off the event loop: one hash
+costs ~0.1 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+
+_HASHER = PasswordHasher()
+
+
+class AccountError(Exception):
+    """A command cannot be done; the message is a sentence for the person."""
+
+
+@functools.cache
+def dummy_hash() -> str:
+    """What an unknown name's password is checked against, so it takes as long."""
+    return _HASHER.hash(secrets.token_urlsafe(16))
+
+
+MIN_PASSWORD_CHARS = 8
+
+
+async def hash_password(password: str) -> str:
+    if not password:
+        raise AccountError("A password cannot be empty.")
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
+    return await asyncio.to_thread(_HASHER.hash, password)
+
+
+async def verify_password(hashed: str, password: str) -> bool:
+    def verify() -> bool:
+        try:
+            return _HASHER.verify(hashed, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
+
+    return await asyncio.to_thread(verify)
