@@ -21,6 +21,7 @@ from hangar.shared.cli import (
     seconds,
     url,
 )
+from hangar.shared.protocol import DRONE_TOKEN_PREFIX
 from hangar.shared.shown import shown
 
 from .access import networks
@@ -56,6 +57,11 @@ def drone_secret(text: str) -> str:
         raise ValueError(
             "expected a secret of 16 characters or more (whoever guesses it may run a drone "
             f"here), got {len(text)}."
+        )
+    if text.startswith(DRONE_TOKEN_PREFIX):  # HANGAR_DRONE_TOKEN set for a drone beside it
+        raise ValueError(
+            f"expected a secret every drone may present, got a drone's own token "
+            f"({DRONE_TOKEN_PREFIX}…, from hangar drone-token create), which needs no setting here."
         )
     return text
 
@@ -270,7 +276,7 @@ async def serve(config: RelayConfig, token_was_given: bool) -> int:
             f"--database {shown(config.database)}",
             flush=True,
         )
-    if not token_was_given:
+    if not token_was_given and all(t.revoked_at for t in await relay.accounts.drone_tokens()):
         print(
             f"Drones need a token: hangar drone-token create NAME --database "
             f"{shown(config.database)}",

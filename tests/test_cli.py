@@ -193,6 +193,10 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: --log-level: {LEVELS}, got 'loud'."),
         (["user", "list"], {"HANGAR_LOG_LEVEL": "loud"},
          f"hangar: HANGAR_LOG_LEVEL (for --log-level): {LEVELS}, got 'loud'."),
+        (["serve"], {"HANGAR_DRONE_TOKEN": "hgd.desk.0123456789abcdefghij"},  # a drone's
+         "hangar serve: HANGAR_DRONE_TOKEN (for --drone-token): expected a secret every drone "
+         "may present, got a drone's own token (hgd.…, from hangar drone-token create), which "
+         "needs no setting here."),
         (["serve", "--drone-grace", "1e300"], {},  # it started, and no drone could connect
          "hangar serve: --drone-grace: expected a number of seconds from 0 to 3600, "
          "got '1e300'."),
@@ -207,7 +211,8 @@ LEVELS = "expected one of debug, info, warning, error, critical"
         "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
         "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",
         "workdir-a-file", "demo-workdir-env",
-        "log-level-before", "log-level-after", "log-level-env", "drone-grace-too-long",
+        "log-level-before", "log-level-after", "log-level-env", "a-drones-own-token",
+        "drone-grace-too-long",
     ],
 )  # fmt: skip
 async def test_a_bad_value_is_one_line_naming_it_with_exit_code_2(
@@ -261,6 +266,23 @@ async def test_an_openai_drone_without_a_key_or_a_service_address_does_not_start
         "hangar drone: the openai provider needs an API key (--api-key or OPENAI_API_KEY), or "
         "--base-url for a service that needs none.\n",
     )
+
+
+async def test_the_relay_asks_for_drone_tokens_only_while_there_are_none(tmp_path: Path) -> None:
+    """It said "Drones need a token: hangar drone-token create…" on every start."""
+    db = str(tmp_path / "hangar.db")
+    said = []
+    for round_ in range(2):
+        relay = await start("serve", "--port", "0", "--database", db)
+        await lines_until(relay.stdout, lambda line: "listening on" in line)
+        relay.send_signal(signal.SIGINT)
+        out, _ = await asyncio.wait_for(relay.communicate(), 20)
+        said.append(out.decode())
+        if round_ == 0:
+            assert (await hangar("drone-token", "create", "desk", "--database", db))[0] == 0
+
+    assert "Drones need a token" in said[0]
+    assert "Drones need a token" not in said[1]
 
 
 def waiting_drone_args(port: int) -> list[str]:
