@@ -232,14 +232,26 @@ class Accounts:
         )
         return _user(rows[0]) if rows else None
 
-    async def revoke_api_tokens(self, name: str) -> int:
-        """Revoke every API token of the person; returns how many there were."""
+    async def api_tokens(self, name: str) -> list[tuple[str, float]]:
+        """The person's API tokens: label and when each was made, oldest first."""
         user = await self.user(name)
         if user is None:
             raise AccountError(f"There is no user named {name!r}.")
         rows = await self.db.fetch(
-            "SELECT token_hash FROM api_tokens WHERE user_id = ?", user.user_id
+            "SELECT label, created_at FROM api_tokens WHERE user_id = ? ORDER BY created_at",
+            user.user_id,
         )
+        return [(row["label"], row["created_at"]) for row in rows]
+
+    async def revoke_api_tokens(self, name: str, label: str | None = None) -> int:
+        """Revoke the person's API tokens (those labelled ``label`` if given); how many."""
+        user = await self.user(name)
+        if user is None:
+            raise AccountError(f"There is no user named {name!r}.")
+        rows = await self.db.fetch(
+            "SELECT token_hash, label FROM api_tokens WHERE user_id = ?", user.user_id
+        )
+        rows = [row for row in rows if label is None or row["label"] == label]
         for row in rows:
             await self.db.execute("DELETE FROM api_tokens WHERE token_hash = ?", row["token_hash"])
             await self._revoke("token", row["token_hash"])

@@ -50,7 +50,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     create = tokens.add_parser("create", help="make an API token for a person (printed once)")
     create.add_argument("name")
     create.add_argument("--label", default="", help="what the token is for")
-    tokens.add_parser("revoke", help="revoke every API token of a person").add_argument("name")
+    tokens.add_parser("list", help="list a person's API tokens").add_argument("name")
+    revoke = tokens.add_parser("revoke", help="revoke a person's API tokens (all, or by label)")
+    revoke.add_argument("name")
+    revoke.add_argument("--label", default=None, help="only the tokens with this label")
 
     drone = commands.add_parser(
         "drone-token", help="drones' own tokens", description="Per-drone tokens."
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         ("user", "remove"): _user_remove,
         ("user", "passwd"): _user_passwd,
         ("token", "create"): _token_create,
+        ("token", "list"): _token_list,
         ("token", "revoke"): _token_revoke,
         ("drone-token", "create"): _drone_create,
         ("drone-token", "list"): _drone_list,
@@ -208,9 +212,22 @@ async def _token_create(accounts: Accounts, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _token_list(accounts: Accounts, args: argparse.Namespace) -> int:
+    for label, created_at in await accounts.api_tokens(args.name):
+        print(f"{label or '(no label)'}\t{_date(created_at)}")
+    return 0
+
+
 async def _token_revoke(accounts: Accounts, args: argparse.Namespace) -> int:
-    count = await accounts.revoke_api_tokens(args.name)
-    print(f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name}.")
+    count = await accounts.revoke_api_tokens(args.name, args.label)
+    if args.label is None:
+        print(f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name}.")
+    elif count:
+        print(
+            f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name} ({args.label})."
+        )
+    else:
+        raise AccountError(f"{args.name} has no API token labelled {args.label!r}.")
     return 0
 
 

@@ -225,6 +225,37 @@ async def test_tokens_are_printed_once_and_stored_as_hashes(tmp_path: Path) -> N
     assert "revoked" in (await hangar("drone-token", "list", "--database", db))[1]
 
 
+async def test_a_persons_tokens_are_listed_and_one_is_revoked_by_its_label(
+    tmp_path: Path,
+) -> None:
+    """There was no list, and a leaked script's token could be revoked only with every other
+    token of the person; the label was kept and never shown."""
+    db = str(tmp_path / "hangar.db")
+    await hangar("user", "add", "bot", "--no-password", "--database", db)
+    tokens = {}
+    for label in ("ci", "laptop"):
+        code, token, _ = await hangar("token", "create", "bot", "--label", label, "--database", db)
+        assert code == 0
+        tokens[label] = token.strip()
+
+    listed = await hangar("token", "list", "bot", "--database", db)
+    revoked = await hangar("token", "revoke", "bot", "--label", "ci", "--database", db)
+    none = await hangar("token", "revoke", "bot", "--label", "ci", "--database", db)
+
+    assert listed[0] == 0 and [line.split("\t")[0] for line in listed[1].splitlines()] == [
+        "ci",
+        "laptop",
+    ]
+    assert revoked == (0, "Revoked 1 API token of bot (ci).\n", "")
+    assert none == (1, "", "hangar token revoke: bot has no API token labelled 'ci'.\n")
+    accounts, store = await accounts_of(tmp_path / "hangar.db")
+    try:
+        assert await accounts.api_token_user(tokens["ci"]) is None
+        assert await accounts.api_token_user(tokens["laptop"]) is not None
+    finally:
+        await store.close()
+
+
 async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> None:
     db = str(tmp_path / "empty.db")
 
