@@ -530,7 +530,16 @@ def test_ctrl_c_while_the_drone_starts_is_one_clean_exit(tmp_path: Path, when: s
     """A terminal's Ctrl-C reaches its whole foreground process group: the drone, and its
     workers once they are started, whatever they are doing then."""
     drone = subprocess.Popen(
-        [*HANGAR, "drone", "--server", "http://127.0.0.1:9", "--token", "x"],
+        [
+            *HANGAR,
+            "drone",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "x",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+        ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
