@@ -74,7 +74,8 @@ class WorkOrders(Protocol):
 
     def running_ids(self) -> list[str]: ...
 
-    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None: ...
+    async def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+        """None once the approval is taken, else why not."""
 
     def waiting_calls(self) -> list[tuple[str, ToolCall, int]]: ...
 
@@ -155,7 +156,9 @@ class RelayConnection:
                 answer = ToolApproval.model_validate(data)
             except ValidationError as error:
                 return {"ok": False, "error": describe(error)}
-            refusal = orders.decide(answer.turn_id, answer.call_id, answer.approve, answer.always)
+            refusal = await orders.decide(
+                answer.turn_id, answer.call_id, answer.approve, answer.always
+            )
             return {"ok": True} if refusal is None else {"ok": False, "error": refusal}
 
         self.sio.on(WORK_ORDER, on_work_order, namespace=DRONE_NAMESPACE)

@@ -39,6 +39,7 @@ from .histories import MAX_SESSIONS
 from .outbox import relog
 from .pipes import FrameError, WorkerProcess, frame, frame_bytes, read_frame
 from .service import AbortMode, abort_early, remember
+from .verdicts import Verdicts
 
 log = logging.getLogger("hangar.drone")
 
@@ -117,6 +118,7 @@ class WorkerPool:
         """session -> the worker keeping its history, and the turn whose order that was."""
         self._idle = asyncio.Event()
         self._idle.set()
+        self._verdicts = Verdicts()
         self._closing = False
         self._lives: list[asyncio.Task[None]] = []
         self._unsubscribe = root.add_callback(self._stop)
@@ -187,12 +189,12 @@ class WorkerPool:
         assigned.waiting.clear()  # cancelled: an answer racing the abort is refused
         return True, ABORT_SIGNALED
 
-    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+    async def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
         assigned = self.running.get(turn_id)
         if assigned is None or assigned.waiting.pop(call_id, None) is None:
             return NO_SUCH_CALL
-        assigned.worker.send(frame(["decide", turn_id, call_id, approve, always]))
-        return None
+        answer = frame(["decide", turn_id, call_id, approve, always])
+        return await self._verdicts.ask(turn_id, call_id, lambda: assigned.worker.send(answer))
 
     def waiting_calls(self) -> list[tuple[str, ToolCall, int]]:
         return [
@@ -350,6 +352,9 @@ class WorkerPool:
             return
         if kind == "pong":
             return  # its loop runs (``_watch``)
+        if kind == "decided":
+            self._verdicts.heard(event[1], event[2], event[3])
+            return
         turn_id = event[1]
         assigned = self.running.get(turn_id)
         if assigned is None or assigned.worker is not worker:
@@ -380,6 +385,7 @@ class WorkerPool:
     async def _end(self, turn_id: str, success: bool, message: str, ending: Ending) -> None:
         if self.running.pop(turn_id, None) is None:
             return
+        self._verdicts.ended(turn_id)
         remember(self.ended, turn_id, None)
         try:
             await self.outlet.complete(turn_id, success, message, ending)

@@ -170,7 +170,10 @@ class AgentService:
         running.controller.abort(AbortError(cause=cause))
         return True, ABORT_SIGNALED
 
-    def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+    async def decide(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
+        return self.decide_now(turn_id, call_id, approve, always)
+
+    def decide_now(self, turn_id: str, call_id: str, approve: bool, always: bool) -> str | None:
         """A person's answer to a tool call waiting for approval; None once taken."""
         running = self.running.get(turn_id)
         if running is None:

@@ -128,7 +128,11 @@ class Worker:
             elif kind == "abort":
                 self.service.abort(message[1], message[2], message[3])
             elif kind == "decide":
-                self.service.decide(message[1], message[2], bool(message[3]), bool(message[4]))
+                turn_id, call_id = message[1], message[2]
+                refusal = self.service.decide_now(
+                    turn_id, call_id, bool(message[3]), bool(message[4])
+                )
+                self.outbox.event(["decided", turn_id, call_id, refusal], turn_id)
             elif kind == "stop":
                 self.root.abort(AbortError(message[1], cause=message[2]))
             elif kind == "forget":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import select
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from hangar.drone.worker_process import settings_wire
 from hangar.shared.abort import AbortController
 from hangar.shared.protocol import (
     ABORTED,
+    NO_SUCH_CALL,
     RAN_ALREADY,
     STALLED,
     STOP_AFTER_STEP,
@@ -275,6 +277,41 @@ async def test_stop_after_this_step_in_a_sub_agent_keeps_what_its_step_did(
     spawned = recorder.messages[1]
     assert spawned.role == "tool" and "contents of a" in spawned.content, spawned.content
     assert spawned.content != TOOL_CANCELLED
+
+
+async def test_an_approval_racing_its_workers_timeout_is_answered_as_the_worker_took_it(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """The drone answered an approval from its own copy of the waiting calls, {ok: true}, while
+    the worker had declined the call (its wait for a person ran out) and the news was on its
+    way: the call never ran, and the relay kept its "always"."""
+    recorder = Recorder()
+    write = ScriptedToolCall("write_file", {"path": "n.txt", "content": "hi"})
+    openai_peer.script(Reply(chunks=[], tool_calls=[write]), Reply(chunks=["Done."]))
+    config = DroneConfig(
+        provider="openai", model="gpt-test", api_key="k", base_url=openai_peer.base_url + "/v1"
+    )
+    tools = ToolSettings(tmp_path, approval_timeout=0.05)  # write_file asks, by default
+    settings = settings_wire(config, tools, log_level=logging.WARNING)
+    pool = WorkerPool(settings, recorder, root=AbortController().signal, workers=1, concurrency=1)
+    await pool.start()
+    try:
+        pool.accept(order("t_1", "Write a note"))
+        await eventually(pool.waiting_calls, what="the write to wait for approval")
+        ((_, call, _),) = pool.waiting_calls()
+        # The drone's loop busy until the worker says more (its decline, 0.05 s on).
+        process: Any = pool.workers[0].process
+        pipe = process._transport.get_pipe_transport(1).get_extra_info("pipe")
+        select.select([pipe.fileno()], [], [], 5)
+
+        refusal = await pool.decide("t_1", call.id, approve=True, always=True)
+
+        assert (await finished(recorder))[:2] == ("t_1", True)
+    finally:
+        await pool.close()
+    # Whichever came first, the answer says what happened.
+    assert (refusal is None) == (tmp_path / "n.txt").exists(), refusal
+    assert refusal in (None, NO_SUCH_CALL)
 
 
 async def test_a_busy_drone_refuses_a_second_order(openai_peer: OpenAIPeer, tmp_path: Path) -> None:
