@@ -75,6 +75,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         )
 
 
+MAKES_ONE = "(hangar user add or drone-token create makes one)."
+
+
 def run(args: argparse.Namespace) -> int:
     actions: dict[tuple[str, str], Callable[[Accounts, argparse.Namespace], Awaitable[int]]] = {
         ("user", "add"): _user_add,
@@ -96,13 +99,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{prefix}: {key} is not UTF-8 text: {value!r}.", file=sys.stderr)
             return 2
     args.password = None
+    path = args.database.removeprefix("sqlite:///")
+    fresh = "://" not in args.database and not os.path.exists(path)
+    if fresh and args.action not in ("add", "create"):  # a mistyped path is not made a database
+        print(f"{prefix}: there is no database at {shown(path)} {MAKES_ONE}", file=sys.stderr)
+        return 1
     asks = getattr(args, "password_stdin", False) or (
         args.action in ("add", "passwd") and not getattr(args, "no_password", False)
     )
     if asks:  # the name is looked at first: a password is not typed for nothing
         # A SQLite file that is not there yet is not made for it (the prompt may be left).
-        path = args.database.removeprefix("sqlite:///")
-        fresh = "://" not in args.database and not os.path.exists(path)
         where = ":memory:" if fresh else args.database
         checked = asyncio.run(_with_accounts(prefix, args, _before_password, where))
         if checked:
@@ -181,7 +187,10 @@ async def _user_add(accounts: Accounts, args: argparse.Namespace) -> int:
 async def _user_list(accounts: Accounts, args: argparse.Namespace) -> int:
     users = await accounts.users()
     if not users:
-        print("No accounts yet: add one with hangar user add NAME --admin.")
+        print(
+            "No accounts yet: add one with hangar user add NAME --admin --database "
+            f"{shown(args.database)}"
+        )
     for user in users:
         login = "password" if user.has_password else "API tokens only"
         print(f"{user.name}\t{user.role}\t{_date(user.created_at)}\t{login}")

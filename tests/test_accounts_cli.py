@@ -256,6 +256,28 @@ async def test_a_persons_tokens_are_listed_and_one_is_revoked_by_its_label(
         await store.close()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["user", "list"], ["user", "remove", "ada"], ["token", "revoke", "ada"],
+     ["drone-token", "list"], ["drone-token", "revoke", "desk"]],
+    ids=["user list", "user remove", "token revoke", "drone-token list", "drone-token revoke"],
+)  # fmt: skip
+async def test_a_command_that_only_reads_or_changes_accounts_makes_no_database(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A mistyped --database made a new, empty database there and said "No accounts yet"."""
+    typo = tmp_path / "hangr.db"
+
+    code, out, err = await hangar(*command, "--database", str(typo))
+
+    assert (code, out) == (1, "")
+    assert err == (
+        f"hangar {' '.join(command[:2])}: there is no database at {typo} "
+        "(hangar user add or drone-token create makes one).\n"
+    )
+    assert not typo.exists()
+
+
 async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> None:
     db = str(tmp_path / "empty.db")
 
