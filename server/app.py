@@ -216,7 +216,8 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         it is up again) with their work going on; browsers reconnect the same way."""
         stopping.append(time.monotonic())
         (log.info if relay.listening else log.debug)(
-            "stopping: no new connections; %d drones move to another relay, %d browsers close",
+            "stopping: no new connections; drones moving to another relay: %d, browsers "
+            "closing: %d",
             len(relay.directory.local),
             len(browsers.connections),
         )

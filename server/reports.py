@@ -88,7 +88,7 @@ class DroneReports:
             if route is not None:
                 self.dispatcher.background.spawn(self.abort_on_drone(route, [turn["turn_id"]]))
         if turns:
-            log.info("%d turns of a removed person ended", len(turns))
+            log.info("turns of a removed person ended: %d", len(turns))
 
     async def end_drone_turns(self, drone_id: str, ending: Ending) -> None:
         """End every turn the drone runs now, without waiting for it."""

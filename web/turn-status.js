@@ -47,7 +47,7 @@ export function endWords(turn, me) {
     case "shutdown":
       return "Aborted: the drone was shut down.";
     case "unanswered":
-      return "Aborted: the drone did not answer, so the relay ended the turn.";
+      return "Aborted: the drone did not stop it in time, so the relay ended the turn.";
     case "removed":
       return "Aborted: its person's account was removed.";
     default:

@@ -265,7 +265,7 @@ async def test_ctrl_enter_runs_next_and_shows_ahead_of_a_follow_up_queued_before
 ENDINGS = {
     "operator": "The drone's operator stopped it.",  # Ctrl-C in the drone's terminal
     "shutdown": "Aborted: the drone was shut down.",  # SIGTERM (a service manager's stop)
-    "unanswered": "Aborted: the drone did not answer, so the relay ended the turn.",
+    "unanswered": "Aborted: the drone did not stop it in time, so the relay ended the turn.",
 }
 
 
