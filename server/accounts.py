@@ -107,8 +107,9 @@ class Accounts:
                 "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
                 "letter or digit."
             )
-        if await self.user(name) is not None:
-            raise AccountError(f"A user named {name!r} already exists.")
+        rows = await self.db.fetch("SELECT name FROM users WHERE lower(name) = ?", name.lower())
+        if rows:  # ALICE beside alice: two people a colleague could not tell apart
+            raise AccountError(f"A user named {rows[0]['name']!r} already exists.")
 
     async def users(self) -> list[User]:
         rows = await self.db.fetch("SELECT * FROM users ORDER BY name")
@@ -264,9 +265,14 @@ class Accounts:
             raise AccountError(
                 "A drone name is 1-64 letters, digits, '_' or '-', starting with a letter or digit."
             )
-        rows = await self.db.fetch("SELECT revoked_at FROM drone_tokens WHERE name = ?", name)
-        if rows and rows[0]["revoked_at"] is None:
-            raise AccountError(f"The drone {name!r} has a token already; revoke it first.")
+        rows = await self.db.fetch(
+            "SELECT name FROM drone_tokens WHERE lower(name) = ? AND revoked_at IS NULL",
+            name.lower(),
+        )
+        if rows:  # one drone whatever the case, as a drone's connect is checked
+            raise AccountError(
+                f"The drone {rows[0]['name']!r} has a token already; revoke it first."
+            )
         token = f"{DRONE_TOKEN_PREFIX}{name}.{secrets.token_urlsafe(32)}"
         await self.db.execute("DELETE FROM drone_tokens WHERE name = ?", name)
         await self.db.execute(

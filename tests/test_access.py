@@ -266,9 +266,13 @@ async def test_guesses_sent_at_once_are_counted_before_any_is_checked(
 async def test_failures_for_a_name_do_not_lock_a_person_whose_name_differs_in_case(
     relay: RelayHandle, logins: Callable[..., Login]
 ) -> None:
-    """Names are case-sensitive ("ALICE" and "alice" are two people), and so is the lock."""
-    await relay.relay.accounts.add_user("ALICE", PASSWORD)
-    await relay.relay.accounts.add_user("alice", "alice's own password")
+    """Names are told apart by case at login ("ALICE" and "alice" may be two people in a
+    database made before a new name was refused for differing only in case), and so is the
+    lock."""
+    accounts = relay.relay.accounts
+    await accounts.add_user("ALICE", PASSWORD)
+    await accounts.add_user("alice-then", "alice's own password")
+    await accounts.db.execute("UPDATE users SET name = 'alice' WHERE name = 'alice-then'")
     for _ in range(MAX_USER_FAILURES):
         assert (await logins().log_in("ALICE", "guess"))[0] == 401
 

@@ -278,6 +278,24 @@ async def test_a_command_that_only_reads_or_changes_accounts_makes_no_database(
     assert not typo.exists()
 
 
+async def test_names_that_differ_only_in_case_are_one_name(tmp_path: Path) -> None:
+    """alice and ALICE were two accounts, laptop, Laptop and LAPTOP three drones in the picker,
+    which no one could tell apart."""
+    db = str(tmp_path / "hangar.db")
+    assert (await hangar("user", "add", "alice", "--no-password", "--database", db))[0] == 0
+    assert (await hangar("drone-token", "create", "laptop", "--database", db))[0] == 0
+
+    person = await hangar("user", "add", "ALICE", "--no-password", "--database", db)
+    drone = await hangar("drone-token", "create", "Laptop", "--database", db)
+
+    assert person == (1, "", "hangar user add: A user named 'alice' already exists.\n")
+    assert drone == (
+        1,
+        "",
+        "hangar drone-token create: The drone 'laptop' has a token already; revoke it first.\n",
+    )
+
+
 async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> None:
     db = str(tmp_path / "empty.db")
 
