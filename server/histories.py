@@ -18,7 +18,7 @@ from hangar.shared.protocol import ChatMessage, WorkOrder
 from hangar.shared.wire import MAX_ORDER_BYTES
 
 from .snapshots import json_size
-from .store import Database, TurnRecord, TurnStore, session_history
+from .store import Database, TurnRecord, TurnStore
 
 REMEMBERED = 10_000
 """Drone-and-session pairs a relay remembers at most (the oldest are forgotten)."""
@@ -27,8 +27,12 @@ TURNS_SINCE = """
     SELECT turn_id FROM turns WHERE session_id = ? AND (
         created_at > (SELECT created_at FROM turns WHERE turn_id = ?)
         OR (created_at = (SELECT created_at FROM turns WHERE turn_id = ?) AND turn_id >= ?)
-    ) ORDER BY created_at, turn_id
+    ) AND NOT (status = 'aborted' AND started_at IS NULL
+        AND (SELECT count(*) FROM messages WHERE messages.turn_id = turns.turn_id) <= 1)
+    ORDER BY created_at, turn_id
 """
+"""A session's turns from a base turn on, but those cancelled before they started
+(``withdrawn``)."""
 
 
 class Histories:
@@ -112,3 +116,22 @@ def too_large(order: WorkOrder) -> str | None:
         f"This session's history is too large to send to a drone ({size / 1e6:.1f} MB; a work "
         f"order may take at most {MAX_ORDER_BYTES / 1e6:.1f} MB). Start a new session."
     )
+
+
+async def session_history(
+    store: TurnStore, session_id: str, before: TurnRecord | None = None
+) -> list[ChatMessage]:
+    """The conversation so far, as the provider will see it: every turn's messages in order
+    (only the turns before ``before``, when given)."""
+    history: list[ChatMessage] = []
+    for turn in await store.list_turns(session_id):
+        if before is not None and turn.turn_id == before.turn_id:
+            break
+        if not withdrawn(turn):
+            history.extend(turn.messages)
+    return history
+
+
+def withdrawn(turn: TurnRecord) -> bool:
+    """Cancelled before it started: its prompt, withdrawn, is no part of the conversation."""
+    return turn.status == "aborted" and turn.started_at is None and len(turn.messages) <= 1

@@ -385,16 +385,3 @@ class TurnStore(Database, Protocol):
         gets more than its slots. Returns the claimed turns (now ``processing``, ``drone_id``
         set).
         """
-
-
-async def session_history(
-    store: TurnStore, session_id: str, before: TurnRecord | None = None
-) -> list[ChatMessage]:
-    """The conversation so far, as the provider will see it: every turn's messages in order
-    (only the turns before ``before``, when given)."""
-    history: list[ChatMessage] = []
-    for turn in await store.list_turns(session_id):
-        if before is not None and turn.turn_id == before.turn_id:
-            break
-        history.extend(turn.messages)
-    return history

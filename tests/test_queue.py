@@ -17,7 +17,8 @@ from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server import queue
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
-from hangar.server.store import Ending, SessionRecord, TurnRecord, session_history
+from hangar.server.histories import session_history
+from hangar.server.store import Ending, SessionRecord, TurnRecord
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -470,6 +471,37 @@ async def test_a_queued_follow_up_runs_after_the_turn_with_its_history(
         ("assistant", "First answer."),
         ("user", "And then?"),
     ]
+
+
+@pytest.mark.parametrize("keeps_histories", [True, False], ids=["history sent once", "whole"])
+async def test_a_follow_up_cancelled_before_it_started_is_not_sent_to_the_model(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    keeps_histories: bool,
+) -> None:
+    """The person withdrew the prompt ("my password is hunter2, oops"), and every later turn
+    of the session still sent it to the model, as a user message no answer followed."""
+    first_answer = Reply(chunks=["First ", *[""] * 30, "answer."], delay=0.05)
+    openai_peer.script(first_answer, Reply(chunks=["Third."]))
+    await start_drone(Upstream("openai", openai_peer), workers=1 if keeps_histories else 0)
+    first = await browser.submit("First question")
+    await browser.wait_text(first["turnId"], pieces=1)
+    withdrawn = await browser.submit("My password is hunter2", sessionId=first["sessionId"])
+    assert await browser.abort(withdrawn["turnId"]) == (True, ABORT_SIGNALED)
+    assert (await browser.completion(first["turnId"]))[1] is True
+
+    third = await browser.submit("And then?", sessionId=first["sessionId"])
+
+    assert await browser.completion(third["turnId"]) == (third["turnId"], True, "Third.")
+    assert [(m["role"], m["content"]) for m in openai_peer.requests[-1].messages] == [
+        ("user", "First question"),
+        ("assistant", "First answer."),
+        ("user", "And then?"),
+    ]
+    opened = await browser.call("openSession", {"sessionId": first["sessionId"]})
+    assert [t["prompt"] for t in opened["turns"]][1] == "My password is hunter2"  # still shown
 
 
 @pytest.mark.parametrize("first_ends", ["aborted", "error"])

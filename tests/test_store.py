@@ -13,6 +13,7 @@ from typing import TypeVar, cast
 import pytest
 
 from hangar.server.closing import MessageRefused
+from hangar.server.histories import session_history
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
@@ -23,7 +24,6 @@ from hangar.server.store import (
     SessionRecord,
     TurnRecord,
     TurnStore,
-    session_history,
 )
 from hangar.shared.protocol import (
     TERMINAL_STATUSES,
@@ -94,8 +94,10 @@ async def new_turn(
     owner: str = "alice",
     created_at: float = 2000.0,
     messages: list[ChatMessage] | None = None,
+    started_at: float | None = None,
 ) -> TurnRecord:
     turn = TurnRecord(
+        started_at=started_at,
         turn_id=turn_id,
         session_id=session_id,
         owner=owner,
@@ -659,7 +661,7 @@ async def test_session_history_concatenates_every_turns_messages_in_order(
     await store.append_messages("t_1", messages[2:5])
     await end(store, "t_1", "finished", "ok", "")
     await new_turn(store, "t_other", "s_other", created_at=15.0)
-    await new_turn(store, "t_2", "s_1", created_at=20.0, messages=messages[5:6])
+    await new_turn(store, "t_2", "s_1", created_at=20.0, messages=messages[5:6], started_at=21.0)
     await end(store, "t_2", "aborted", "aborted", "Partial answ")
     await new_turn(store, "t_3", "s_1", created_at=30.0, messages=[])
     await store.append_messages("t_3", messages[6:])
