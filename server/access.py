@@ -37,6 +37,7 @@ from .accounts import (
     API_TOKEN_PREFIX,
     LOGIN_SECONDS,
     USER_NAME,
+    AccountError,
     Accounts,
     Revocation,
     User,
@@ -305,7 +306,10 @@ class Access:
             return None  # a name that only points here (DNS rebinding) is not this machine's
         user = await self.accounts.user(self.demo_user)
         if user is None:
-            user = await self.accounts.add_user(self.demo_user, None, "admin")
+            try:
+                user = await self.accounts.add_user(self.demo_user, None, "admin")
+            except AccountError:  # the name is a person's now (in another case): no demo login
+                return None
         return await self.accounts.log_in(user)
 
     def _set_cookie(self, request: web.Request, response: web.StreamResponse, token: str) -> None:

@@ -2,7 +2,8 @@
 
 - ``hangar user add NAME [--admin] [--password-stdin | --no-password]``, ``list``,
   ``remove NAME``, ``passwd NAME [--password-stdin]``
-- ``hangar token create NAME [--label TEXT]``, ``revoke NAME``: a person's API tokens
+- ``hangar token create NAME [--label TEXT]``, ``list NAME``, ``revoke NAME [--label TEXT]``:
+  a person's API tokens (all of them, or those with a label; ``--label ""``: those with none)
 - ``hangar drone-token create NAME``, ``list``, ``revoke NAME``
 
 Relays follow what these change within a second: a removed person, a revoked token or drone is
@@ -24,6 +25,7 @@ from hangar.shared.shown import shown
 
 from .accounts import AccountError, Accounts
 from .app import open_store
+from .passwords import MIN_PASSWORD_CHARS
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,6 +78,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 MAKES_ONE = "(hangar user add or drone-token create makes one)."
+NO_LABEL = '(no label: --label "")'
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     args.password = None
     path = args.database.removeprefix("sqlite:///")
-    fresh = "://" not in args.database and not os.path.exists(path)
-    if fresh and args.action not in ("add", "create"):  # a mistyped path is not made a database
+    fresh = "://" not in path and not os.path.exists(path)
+    makes = (args.command, args.action) in (("user", "add"), ("drone-token", "create"))
+    if fresh and not makes:  # a mistyped path is not made a database
         print(f"{prefix}: there is no database at {shown(path)} {MAKES_ONE}", file=sys.stderr)
         return 1
     asks = getattr(args, "password_stdin", False) or (
@@ -165,6 +169,8 @@ def _read_password(from_stdin: bool) -> str:
         raise AccountError("Give the password on standard input with --password-stdin.")
     if not password:
         raise AccountError("A password cannot be empty.")
+    if len(password) < MIN_PASSWORD_CHARS:  # said before a database is opened, or made
+        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
     if not _utf8(password):
         raise AccountError("The password is not UTF-8 text.")
     return password
@@ -223,7 +229,7 @@ async def _token_create(accounts: Accounts, args: argparse.Namespace) -> int:
 
 async def _token_list(accounts: Accounts, args: argparse.Namespace) -> int:
     for label, created_at in await accounts.api_tokens(args.name):
-        print(f"{label or '(no label)'}\t{_date(created_at)}")
+        print(f"{label or NO_LABEL}\t{_date(created_at)}")
     return 0
 
 

@@ -25,7 +25,7 @@ from hangar.shared.cli import WOULD_HOLD_DATABASE, add_setting, holds_database, 
 from hangar.shared.shown import shown
 
 from .access import is_loopback
-from .accounts import Accounts, User
+from .accounts import AccountError, Accounts, User
 from .app import RELAY, RelayConfig, open_store
 from .cli import (
     SHUTDOWN,
@@ -45,8 +45,8 @@ DRONE_STOP_TIMEOUT = 10.0
 DEMO_USER = "demo"
 DEMO_DRONE = "demo-drone"
 TAKEN = (
-    f"hangar demo: this database has a person named {DEMO_USER}, whom the demo would log every "
-    "visitor in as; run the demo on a database of its own (--database)."
+    "hangar demo: this database has a person named {}, whom the demo would log every visitor in "
+    "as; run the demo on a database of its own (--database)."
 )
 
 
@@ -100,9 +100,12 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     try:
         async with root.signal.scope():  # Ctrl-C while the database does not answer
             people = await _people(config)
-            if any(p.name == DEMO_USER and (p.has_password or not p.admin) for p in people):
-                print(TAKEN, file=sys.stderr)
-                return 2
+            for p in people if config.demo_user else ():  # whom visitors would be logged in as
+                if p.name.lower() == DEMO_USER and (
+                    p.name != DEMO_USER or p.has_password or not p.admin
+                ):
+                    print(TAKEN.format(p.name), file=sys.stderr)
+                    return 2
             if not is_loopback(config.host) and not people:
                 print(
                     f"hangar demo: on {config.host} the page is open to the network and needs "
@@ -120,7 +123,12 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     accounts = runner.app[RELAY].accounts
     base = relay_url(config.host, port)
     arguments, label = demo_drone_arguments(base, model)
-    token = await _demo_drone_token(accounts)
+    try:
+        token = await _demo_drone_token(accounts)
+    except AccountError as error:  # a drone token of that name in another case, say
+        await runner.cleanup()
+        print(f"hangar demo: {error}", file=sys.stderr)
+        return 2
     env = {**os.environ, "HANGAR_DRONE_TOKEN": token, "HANGAR_STATUS_LINE": "off"}
     scratch = tempfile.mkdtemp(prefix="hangar-demo-") if workdir is None else None
     if scratch:  # also when a second Ctrl-C stops the demo at once

@@ -194,8 +194,8 @@ async def test_a_password_of_fewer_than_eight_characters_is_refused(tmp_path: Pa
     )
 
     refusal = "A password needs at least 8 characters.\n"
-    assert added == (1, "", "hangar user add: " + refusal)
-    assert changed == (1, "", "hangar user passwd: " + refusal)
+    assert added == (2, "", "hangar user add: " + refusal)  # as for any password refused
+    assert changed == (2, "", "hangar user passwd: " + refusal)
     listed = (await hangar("user", "list", "--database", db))[1]
     assert "ada" in listed and "bob" not in listed
 
@@ -259,22 +259,36 @@ async def test_a_persons_tokens_are_listed_and_one_is_revoked_by_its_label(
 @pytest.mark.parametrize(
     "command",
     [["user", "list"], ["user", "remove", "ada"], ["token", "revoke", "ada"],
-     ["drone-token", "list"], ["drone-token", "revoke", "desk"]],
-    ids=["user list", "user remove", "token revoke", "drone-token list", "drone-token revoke"],
+     ["token", "create", "ada"], ["drone-token", "list"], ["drone-token", "revoke", "desk"]],
+    ids=["user list", "user remove", "token revoke", "token create", "drone-token list",
+         "drone-token revoke"],
 )  # fmt: skip
+@pytest.mark.parametrize("form", ["path", "sqlite:///"])
 async def test_a_command_that_only_reads_or_changes_accounts_makes_no_database(
-    tmp_path: Path, command: list[str]
+    tmp_path: Path, command: list[str], form: str
 ) -> None:
     """A mistyped --database made a new, empty database there and said "No accounts yet"."""
     typo = tmp_path / "hangr.db"
+    given = str(typo) if form == "path" else f"sqlite:///{typo}"
 
-    code, out, err = await hangar(*command, "--database", str(typo))
+    code, out, err = await hangar(*command, "--database", given)
 
     assert (code, out) == (1, "")
     assert err == (
         f"hangar {' '.join(command[:2])}: there is no database at {typo} "
         "(hangar user add or drone-token create makes one).\n"
     )
+    assert not typo.exists()
+
+
+async def test_a_short_password_makes_no_database(tmp_path: Path) -> None:
+    typo = tmp_path / "new.db"
+
+    said = await hangar(
+        "user", "add", "ada", "--password-stdin", "--database", str(typo), stdin="short\n"
+    )
+
+    assert said == (2, "", "hangar user add: A password needs at least 8 characters.\n")
     assert not typo.exists()
 
 

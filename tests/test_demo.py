@@ -153,7 +153,7 @@ async def test_the_demos_logins_end_with_it_and_a_person_named_demo_is_not_taken
         ):
             assert (page.status, page.headers.get("Location")) == (303, "/login")
         await runner.app[RELAY].accounts.remove_user("demo")
-        await runner.app[RELAY].accounts.add_user("demo", "a person's password")
+        await runner.app[RELAY].accounts.add_user("Demo", "a person's password")
     finally:
         await runner.cleanup()
 
@@ -164,6 +164,6 @@ async def test_the_demos_logins_end_with_it_and_a_person_named_demo_is_not_taken
     out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2, out
     assert err.decode() == (
-        "hangar demo: this database has a person named demo, whom the demo would log every "
+        "hangar demo: this database has a person named Demo, whom the demo would log every "
         "visitor in as; run the demo on a database of its own (--database).\n"
     )
