@@ -19,13 +19,16 @@ local held = redis.call('HGET', KEYS[1], ARGV[1])
 if held then
   local entry = cjson.decode(held)
   local age = tonumber(ARGV[4]) - math.max(entry.seen or 0, tonumber(ARGV[5]))
-  if age <= (entry.lasts or 0) then return entry.instance ~= ARGV[3] and held or false end
+  if age <= (entry.lasts or tonumber(ARGV[6])) then
+    return entry.instance ~= ARGV[3] and held or false
+  end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return false
 """
 """A drone's entry written unless a live one is there; that one returned if another instance's
-(arguments: drone id, entry, instance, now, ``_trusted_from``)."""
+(arguments: drone id, entry, instance, now, ``_trusted_from``, ``PRESENCE_FLOOR``). Redis must
+run scripts (``EVAL``): a relay checks that it may as it starts."""
 
 
 def entry(route: DroneRoute, lasts: float) -> str:

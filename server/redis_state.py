@@ -97,6 +97,7 @@ class RedisLiveState:
 
     async def start(self) -> None:
         await self.redis.ping()
+        await self.redis.script_load(CLAIM)  # a Redis that runs no scripts says so now
         last: Any = await self.redis.xrevrange(self.key("ended"), count=1)
         self._ended_from = _text(last[0][0]) if last else "0-0"
         self._heartbeat = asyncio.ensure_future(self._beat())
@@ -111,7 +112,8 @@ class RedisLiveState:
         await self.redis.aclose()
 
     async def claim_drone(self, route: DroneRoute) -> DroneRoute | None:
-        args = (route.drone_id, self._entry(route), route.instance, time.time(), self._trusted_from)
+        now, trusted = time.time(), self._trusted_from
+        args = (route.drone_id, self._entry(route), route.instance, now, trusted, PRESENCE_FLOOR)
         try:
             held = await self.redis.eval(CLAIM, 1, self.key("drones"), *args)
         except FAILURES:
