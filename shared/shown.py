@@ -2,34 +2,25 @@
 
 Database and Redis URLs carry passwords (``postgresql://user:password@host/db``, or
 ``?password=``); whatever the relay prints or logs goes to terminals, journals and CI logs.
+The password is found by its place in the text, not by parsing the URL: a URL that does not
+parse (a bracket left open) may still hold one.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 HIDDEN = "***"
+_USER_PASSWORD = re.compile(r"(://[^:/?#@\s]*:)[^\s]*@")
+"""After the scheme: the user, a colon, then the password up to the last ``@``."""
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
 
 
 def without_password(text: str) -> str:
     """``text`` with a URL's password, in its user part or its query, shown as ``***``."""
-    try:
-        parts = urlsplit(text)
-        password = parts.password
-    except ValueError:  # not a URL that parses: nothing to find a password in
-        return text
-    netloc = parts.netloc
-    if password is not None:
-        user, _, host = netloc.rpartition("@")
-        netloc = f"{user.split(':', 1)[0]}:{HIDDEN}@{host}"
-    query = parts.query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(key.lower() == "password" for key, _ in pairs):
-        query = urlencode([(k, HIDDEN if k.lower() == "password" else v) for k, v in pairs])
-    if netloc == parts.netloc and query == parts.query:
-        return text
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    text = _USER_PASSWORD.sub(lambda found: f"{found.group(1)}{HIDDEN}@", text)
+    return _QUERY_PASSWORD.sub(lambda found: f"{found.group(1)}{HIDDEN}", text)
 
 
 def shown(text: str) -> str:

@@ -108,8 +108,9 @@ async def test_a_database_an_account_command_makes_is_readable_by_its_owner_only
         ["serve", "--database", "postgresql://hangar:S3cretPassw0rd@127.0.0.1:99999/hangar"],
         ["serve", "--database", "postgresql://127.0.0.1:1/hangar?password=S3cretPassw0rd"],
         ["serve", "--redis", "redis://:S3cretPassw0rd@127.0.0.1:99999/0"],
+        ["user", "list", "--database", "postgresql://u:S3cretPassw0rd@[::1/db"],
     ],
-    ids=["cannot open", "bad port", "in the query", "redis"],
+    ids=["cannot open", "bad port", "in the query", "redis", "not a url that parses"],
 )
 async def test_a_urls_password_is_not_printed(command: list[str]) -> None:
     """It went to the terminal (and journals, CI logs) in every error naming the URL."""
