@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar.shared.abort import AbortError, AbortSignal, linked_controller
-from hangar.shared.protocol import ChatMessage, ToolCall
+from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
 
 from ..agent import STALL, Agent, Gate, Open, Report, Tally
 from ..providers import Provider, ToolSpec
@@ -171,6 +171,8 @@ def _stopped_after_step(done: list[ChatMessage]) -> str:
     for message in done:
         if message.role == "assistant" and message.content.strip():
             lines.append(f"It said: {message.content}")
+        elif message.role == "tool" and message.content == TOOL_CANCELLED:
+            lines.append(f"{message.name or 'A tool'} did not run.")
         elif message.role == "tool":
             lines.append(f"{message.name or 'A tool'} returned: {message.content}")
     return "\n".join(lines)
