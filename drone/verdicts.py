@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from hangar.shared.protocol import NO_SUCH_CALL
 
-VERDICT_WITHIN = 1.0
+VERDICT_WITHIN = 0.5
 """Seconds a worker's verdict on an approval is waited for (below the relay's wait for the
 drone's answer); past it the approval counts as taken: the worker takes it when it reads it,
 if the call still waits."""
