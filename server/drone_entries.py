@@ -38,16 +38,18 @@ def entry(route: DroneRoute, lasts: float) -> str:
 
 def alive(text: Any, trusted_from: float) -> DroneRoute | None:
     """The drone of an entry, unless its relay has not refreshed it within the time it said."""
-    fields = json.loads(text)
-    lasts = float(fields.pop("lasts", PRESENCE_FLOOR))
-    if time.time() - max(float(fields.pop("seen", 0)), trusted_from) > lasts:
-        return None
-    return DroneRoute.model_construct(**fields)
+    route, seen, lasts = _read(text)
+    return None if time.time() - max(seen, trusted_from) > lasts else route
 
 
 def route_of(text: Any) -> DroneRoute:
     """The drone of an entry, however old."""
+    return _read(text)[0]
+
+
+def _read(text: Any) -> tuple[DroneRoute, float, float]:
+    """An entry's drone, when it was last seen, and how long it lasts unrefreshed."""
     fields = json.loads(text)
-    return DroneRoute.model_construct(
-        **{k: v for k, v in fields.items() if k in DroneRoute.model_fields}
-    )
+    lasts = float(fields.pop("lasts", PRESENCE_FLOOR))
+    seen = float(fields.pop("seen", 0))
+    return DroneRoute.model_construct(**fields), seen, lasts

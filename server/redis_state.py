@@ -72,6 +72,8 @@ class RedisLiveState:
             retry_on_error=[RedisConnectionError],
         )
         self.redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        self._claim = self.redis.register_script(CLAIM)
+        """Sent by its hash (loaded at start, and again by redis-py if Redis lost it)."""
         self.prefix = prefix
         self.instance, self._marked = secrets.token_hex(8), False  # for ``lost_everything``
         self.presence = max(presence, PRESENCE_FLOOR)
@@ -115,7 +117,7 @@ class RedisLiveState:
         now, trusted = time.time(), self._trusted_from
         args = (route.drone_id, self._entry(route), route.instance, now, trusted, PRESENCE_FLOOR)
         try:
-            held = await self.redis.eval(CLAIM, 1, self.key("drones"), *args)
+            held = await self._claim(keys=[self.key("drones")], args=args)
         except FAILURES:
             self._unreachable()
             raise
