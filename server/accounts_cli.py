@@ -25,7 +25,7 @@ from hangar.shared.shown import shown
 
 from .accounts import AccountError, Accounts
 from .app import open_store
-from .passwords import MIN_PASSWORD_CHARS
+from .passwords import refuse_weak
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -167,10 +167,7 @@ def _read_password(from_stdin: bool) -> str:
             raise AccountError("No password was given.") from None
     else:
         raise AccountError("Give the password on standard input with --password-stdin.")
-    if not password:
-        raise AccountError("A password cannot be empty.")
-    if len(password) < MIN_PASSWORD_CHARS:  # said before a database is opened, or made
-        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
+    refuse_weak(password)  # said before a database is opened, or made
     if not _utf8(password):
         raise AccountError("The password is not UTF-8 text.")
     return password
@@ -235,14 +232,10 @@ async def _token_list(accounts: Accounts, args: argparse.Namespace) -> int:
 
 async def _token_revoke(accounts: Accounts, args: argparse.Namespace) -> int:
     count = await accounts.revoke_api_tokens(args.name, args.label)
-    if args.label is None:
-        print(f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name}.")
-    elif count:
-        print(
-            f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name} ({args.label})."
-        )
-    else:
+    if args.label is not None and not count:
         raise AccountError(f"{args.name} has no API token labelled {args.label!r}.")
+    which = "" if args.label is None else f" ({args.label})"
+    print(f"Revoked {count} API token{'s' if count != 1 else ''} of {args.name}{which}.")
     return 0
 
 

@@ -26,11 +26,16 @@ def dummy_hash() -> str:
 MIN_PASSWORD_CHARS = 8
 
 
-async def hash_password(password: str) -> str:
+def refuse_weak(password: str) -> None:
+    """Raise ``AccountError`` for a password no person may have."""
     if not password:
         raise AccountError("A password cannot be empty.")
     if len(password) < MIN_PASSWORD_CHARS:
         raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
+
+
+async def hash_password(password: str) -> str:
+    refuse_weak(password)
     return await asyncio.to_thread(_HASHER.hash, password)
 
 

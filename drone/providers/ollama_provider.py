@@ -203,10 +203,9 @@ the next request); a server that keeps it open longer has it closed."""
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, ollama.ResponseError) and error.status_code < 0:  # said in the stream
-        return f"The Ollama server reported an error: {said_by_service(error.error)}"
+    # An error said in the stream (an HTTP error's body is read by ``_on_response``).
     if isinstance(error, ollama.ResponseError):
-        return f"The Ollama server answered {error.status_code}: {said_by_service(error.error)}"
+        return f"The Ollama server reported an error: {said_by_service(error.error)}"
     if isinstance(error, httpx.TimeoutException):
         return "The Ollama server timed out."
     return "The Ollama server could not be reached."
