@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
+from .runtime import UnknownEventLoop
 from .shown import without_password
 
 PARTS = {
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser(_parts_for(argv)).parse_args(argv)
         configure_logging(args.log_level)
         code: int = importlib.import_module(PARTS[args.command]).run(args)
-    except SettingError as error:
+    except (SettingError, UnknownEventLoop) as error:
         print(error, file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before a part handles it (while loading, at a prompt)

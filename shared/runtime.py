@@ -4,7 +4,7 @@ Two things keep an abort's latency flat under load:
 
 - **uvloop** where it is installed (Linux and macOS): the same asyncio API, with a loop and
   transports written in C, so every socket.io hop costs less. ``HANGAR_EVENT_LOOP=asyncio``
-  chooses the standard loop instead.
+  chooses the standard loop instead (any other value but ``uvloop`` is refused).
 - **A frozen start-up heap.** CPython's full collections walk every tracked object; after the
   imports (pydantic models, SDK types) that is hundreds of thousands of objects, and a full
   collection stopped a streaming drone for 220-260 ms. ``gc.freeze()`` moves what exists once the
@@ -34,21 +34,38 @@ T = TypeVar("T")
 EVENT_LOOP_ENV = "HANGAR_EVENT_LOOP"
 
 
+class UnknownEventLoop(Exception):
+    """``HANGAR_EVENT_LOOP`` names a loop this process cannot run on."""
+
+
 def event_loop_name() -> str:
-    """``uvloop`` or ``asyncio``: the loop ``run`` will use."""
-    if os.environ.get(EVENT_LOOP_ENV, "").strip().lower() == "asyncio":
+    """``uvloop`` or ``asyncio``: the loop ``run`` will use (uvloop when it is installed and
+    ``HANGAR_EVENT_LOOP`` does not say otherwise)."""
+    asked = os.environ.get(EVENT_LOOP_ENV, "").strip().lower()
+    if asked == "asyncio":
         return "asyncio"
+    if asked not in ("", "uvloop"):
+        raise UnknownEventLoop(
+            f"hangar: {EVENT_LOOP_ENV}: expected uvloop or asyncio, got {asked!r}."
+        )
     try:
         import uvloop  # noqa: F401
     except ImportError:
+        if asked:
+            raise UnknownEventLoop(f"hangar: {EVENT_LOOP_ENV}: uvloop is not installed.") from None
         return "asyncio"
     return "uvloop"
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Run ``main`` to completion in a new event loop (see the module's docstring)."""
+    try:
+        loop = event_loop_name()
+    except UnknownEventLoop:
+        main.close()  # never to run
+        raise
     freeze_heap()
-    if event_loop_name() == "uvloop":
+    if loop == "uvloop":
         import uvloop
 
         return uvloop.run(main)
@@ -72,8 +89,9 @@ LAST_WORDS: list[Callable[[], None]] = []
 def abort_on_signals(
     root: AbortController, interrupted: AbortError, terminated: AbortError | None = None
 ) -> None:
-    """Ctrl-C aborts ``root`` with ``interrupted``, SIGTERM with ``terminated`` (the same, when
-    not given); a second signal exits at once.
+    """Ctrl-C aborts ``root`` with ``interrupted``, SIGTERM and SIGHUP (a closed terminal) with
+    ``terminated`` (the same, when not given); a second signal exits at once. A SIGHUP that was
+    ignored when the process started (``nohup``) stays ignored.
 
     Stopping a process is an abort like any other: whatever runs under ``root`` ends the way a
     person's Cancel ends it, and says who stopped it.
@@ -90,6 +108,8 @@ def abort_on_signals(
 
     loop.add_signal_handler(signal.SIGINT, on_signal, interrupted)
     loop.add_signal_handler(signal.SIGTERM, on_signal, terminated or interrupted)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGHUP, on_signal, terminated or interrupted)
 
 
 PR_SET_PDEATHSIG = 1

@@ -338,6 +338,10 @@ async def browser(browsers: Callable[..., Any]) -> Browser:
     return opened
 
 
+def ignore_hangup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 @pytest.fixture
 def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``hangar drone`` as a real subprocess (for tests that kill it)."""
@@ -351,7 +355,9 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         tools: str = "all=allow",
         env: dict[str, str] | None = None,
         token: str = DRONE_TOKEN,
+        nohup: bool = False,
     ) -> subprocess.Popen[bytes]:
+        """``nohup``: started with SIGHUP ignored, as ``nohup hangar drone …`` starts it."""
         settings = upstream.drone_settings()
         args = [
             *HANGAR, "drone", "--server", server,
@@ -365,8 +371,9 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
             args += ["--ollama-host", settings["ollama_host"]]
         log = open(tmp_path / f"{name}-{len(started)}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
-            args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env and {**os.environ, **env}
-        )
+            args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=env and {**os.environ, **env}, preexec_fn=ignore_hangup if nohup else None,
+        )  # fmt: skip
         log.close()
         started.append(process)
         return process

@@ -224,6 +224,26 @@ async def test_a_bad_value_is_one_line_naming_it_with_exit_code_2(
     assert stderr.splitlines() == [line]
 
 
+@pytest.mark.parametrize("command", ["serve", "drone", "demo"])
+async def test_an_event_loop_hangar_cannot_run_on_is_refused_before_anything_starts(
+    tmp_path: Path, command: str
+) -> None:
+    database = tmp_path / "hangar.db"
+    args = {
+        "serve": ["--port", "0", "--database", str(database)],
+        "drone": ["--server", "http://127.0.0.1:9", "--token", DRONE_TOKEN, "--api-key", "k"],
+        "demo": ["--port", "0", "--database", str(database)],
+    }[command]
+
+    code, stdout, stderr = await hangar(command, *args, env={"HANGAR_EVENT_LOOP": "tokio"})
+
+    assert (code, stdout) == (2, "")
+    assert stderr.splitlines() == [
+        "hangar: HANGAR_EVENT_LOOP: expected uvloop or asyncio, got 'tokio'."
+    ]
+    assert not database.exists()
+
+
 @pytest.mark.parametrize(
     "args",
     [["--help"], ["serve", "--help"], ["demo", "--help"], ["drone", "--help"],
@@ -440,8 +460,12 @@ async def test_a_second_relay_on_the_same_sqlite_file_is_refused_while_the_first
 
 
 @pytest.mark.parametrize("command", ["serve", "demo"])
-async def test_ctrl_c_stops_a_relay_waiting_for_its_database_at_once(command: str) -> None:
-    """A database server that takes the connection and never answers (a stalled PostgreSQL)."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
+async def test_ctrl_c_stops_a_relay_waiting_for_its_database_at_once(
+    command: str, signum: signal.Signals
+) -> None:
+    """A database server that takes the connection and never answers (a stalled PostgreSQL).
+    A closed terminal (SIGHUP) stops it as Ctrl-C does."""
     connected = asyncio.Event()
     held: list[asyncio.StreamWriter] = []
 
@@ -457,7 +481,7 @@ async def test_ctrl_c_stops_a_relay_waiting_for_its_database_at_once(command: st
         )
         await asyncio.wait_for(connected.wait(), 20)
 
-        relay.send_signal(signal.SIGINT)
+        relay.send_signal(signum)
 
         assert await asyncio.wait_for(relay.wait(), 5) == 0
         assert relay.stderr is not None

@@ -83,8 +83,8 @@ async def test_healthz_answers_with_what_the_relay_holds(relay: RelayHandle) -> 
 
 @pytest.mark.parametrize(
     ("signum", "reason"),
-    [(signal.SIGINT, "operator"), (signal.SIGTERM, "shutdown")],
-    ids=["ctrl-c", "sigterm"],
+    [(signal.SIGINT, "operator"), (signal.SIGTERM, "shutdown"), (signal.SIGHUP, "shutdown")],
+    ids=["ctrl-c", "sigterm", "hangup"],
 )
 async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cleanly(
     relay: RelayHandle,
@@ -110,6 +110,28 @@ async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cle
     assert turn is not None and turn.reason == reason
     await openai_peer.wait_for_disconnect()
     assert await asyncio.to_thread(process.wait, 10) == 0
+
+
+async def test_a_drone_started_with_nohup_goes_on_through_a_hangup(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(20)], delay=0.03))
+    process = drone_process(Upstream("openai", openai_peer), server=relay.url, nohup=True)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Long job"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    process.send_signal(signal.SIGHUP)
+
+    assert await browser.completion(turn_id) == (
+        turn_id,
+        True,
+        " ".join(f"w{i}" for i in range(20)),
+    )
+    assert process.poll() is None
 
 
 async def test_ctrl_c_twice_exits_at_once(
