@@ -55,3 +55,46 @@ class HistoryKeeper:
         kept = self._kept.pop(session_id, None)
         if kept is not None:
             self._chars -= kept[2]
+
+
+MERGED_RUNS = 1024
+"""Merged user messages remembered (``alternating``)."""
+_merged: OrderedDict[tuple[int, ...], tuple[list[ChatMessage], ChatMessage]] = OrderedDict()
+
+
+def alternating(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` with each run of user messages in a row made one, their texts a blank line
+    apart, so that roles alternate as strict chat templates require (Mistral's and Gemma's, on
+    vLLM or llama.cpp, refuse a conversation that does not).
+
+    A turn that ended before the model said anything (aborted, or failed, before its first
+    token) keeps only its user message (docs/architecture.md), so the next turn's prompt follows
+    it. A merged run is the same object from one work order of a session to the next, so the
+    request's JSON is still encoded only from what changed (``providers.message_json``).
+    """
+    result: list[ChatMessage] = []
+    start = 0
+    while start < len(messages):
+        end = start + 1
+        if messages[start].role == "user":
+            while end < len(messages) and messages[end].role == "user":
+                end += 1
+        if end - start == 1:
+            result.append(messages[start])
+        else:
+            result.append(_merge(messages[start:end]))
+        start = end
+    return result
+
+
+def _merge(run: list[ChatMessage]) -> ChatMessage:
+    key = tuple(id(message) for message in run)
+    found = _merged.get(key)
+    if found is None:
+        text = "\n\n".join(message.content for message in run)
+        found = (run, ChatMessage.model_construct(role="user", content=text))
+    _merged[key] = found  # kept with its run, so that no other message takes one of its ids
+    _merged.move_to_end(key)
+    while len(_merged) > MERGED_RUNS:
+        _merged.popitem(last=False)
+    return found[1]

@@ -44,6 +44,7 @@ from hangar.shared.protocol import (
 
 from .agent import STALL, Agent, NoTools, Report, StepLimitError, Tally, ToolRunner
 from .approvals import APPROVAL_TIMEOUT, Approvals
+from .histories import alternating
 from .providers import Provider, ProviderError
 from .tools import Toolbox
 from .tools.policy import ToolPolicy
@@ -225,7 +226,7 @@ class AgentService:
             stall=self.stall,
             gate=running.approvals,
         )
-        messages = [*order.history, ChatMessage(role="user", content=order.prompt)]
+        messages = alternating([*order.history, ChatMessage(role="user", content=order.prompt)])
         reason: EndReason
         failure: Exception | None = None
         try:

@@ -18,7 +18,7 @@ from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.agent import MAX_STEPS
 from hangar.server.store import TurnRecord
 from hangar.shared.protocol import ABORT_SIGNALED, NO_ACTIVE_WORK_ORDER
-from tests.conftest import Browser, RelayHandle, Upstream
+from tests.conftest import Browser, RelayHandle, Upstream, eventually
 
 SLOW = Reply(chunks=[f"word{i} " for i in range(200)], delay=0.03)
 
@@ -212,6 +212,42 @@ async def test_next_work_order_after_an_abort_sends_a_valid_history(
     ]
     assert upstream.peer.requests[-1].rejected is None
     assert (await stored(relay, second["turnId"])).status == "finished"
+
+
+async def test_prompts_no_answer_followed_reach_the_model_with_the_next_one_as_one_message(
+    relay: RelayHandle, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """A turn aborted, or failed, before the model said anything keeps only its prompt
+    (docs/architecture.md). Chat templates such as Mistral's and Gemma's, on vLLM or llama.cpp,
+    refuse two user messages in a row: every later turn of the session failed there."""
+    async with OpenAIPeer(alternating=True) as peer:
+        peer.script(
+            Reply(chunks=["never"], stall_before=60),
+            Reply(status=500, error_message="model exploded"),
+            Reply(chunks=["Both ", "done."]),
+            Reply(chunks=["Fine."]),
+        )
+        await start_drone(Upstream("openai", peer), max_retries=0)
+        first = await browser.submit("Write a long essay")
+        await eventually(lambda: peer.requests, timeout=10, what="the first request")
+        await browser.abort(first["turnId"])
+        assert await browser.completion(first["turnId"]) == (first["turnId"], True, "aborted")
+        session = {"sessionId": first["sessionId"]}
+        second = await browser.submit("And a poem", **session)
+        assert (await browser.completion(second["turnId"]))[1] is False
+
+        third = await browser.submit("Shorter, please", **session)
+        assert await browser.completion(third["turnId"]) == (third["turnId"], True, "Both done.")
+        fourth = await browser.submit("Thanks", **session)
+        assert await browser.completion(fourth["turnId"]) == (fourth["turnId"], True, "Fine.")
+
+    merged = "Write a long essay\n\nAnd a poem\n\nShorter, please"
+    assert [[(m["role"], m["content"]) for m in r.messages] for r in peer.requests[2:]] == [
+        [("user", merged)],
+        [("user", merged), ("assistant", "Both done."), ("user", "Thanks")],
+    ]
+    assert [r.rejected for r in peer.requests] == [None, None, None, None]
+    assert [m.role for m in (await stored(relay, first["turnId"])).messages] == ["user"]
 
 
 async def test_an_upstream_error_ends_the_turn_in_error_with_a_reason(

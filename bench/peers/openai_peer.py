@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -69,8 +70,16 @@ def split_pieces(text: str, pieces: int) -> list[str]:
     return out
 
 
+ROLES_MUST_ALTERNATE = "Conversation roles must alternate user/assistant/user/assistant/..."
+"""What vLLM answers (400) when the model's chat template (Mistral's, Gemma's) refuses two
+user messages in a row."""
+
+
 class OpenAIPeer(UpstreamPeer):
-    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+    """Serves ``POST /v1/chat/completions`` and ``GET /v1/models``.
+
+    ``alternating``: as a compatible server whose chat template requires alternating roles.
+    """
 
     def __init__(
         self,
@@ -79,9 +88,11 @@ class OpenAIPeer(UpstreamPeer):
         models: tuple[str, ...] = ("gpt-4o-mini",),
         host: str = "127.0.0.1",
         port: int = 0,
+        alternating: bool = False,
     ) -> None:
         super().__init__(default=default, models=models, host=host, port=port)
         self.system_fingerprint = random_id("fp_", 10).lower()
+        self.alternating = alternating
 
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.route(self._chat))
@@ -101,6 +112,10 @@ class OpenAIPeer(UpstreamPeer):
             err = error_body(rec.rejected, "invalid_request_error")
             return await self.send_json(request, rec, 400, err)
         problem = validate_messages(body.get("messages"))
+        if problem is None and self.alternating:
+            roles = [m.get("role") for m in body["messages"]]
+            if any(a == b == "user" for a, b in itertools.pairwise(roles)):
+                problem = ROLES_MUST_ALTERNATE, "messages"
         if problem is not None:
             rec.rejected = problem[0]
             err = error_body(problem[0], "invalid_request_error", problem[1])
