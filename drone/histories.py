@@ -64,8 +64,9 @@ _merged: OrderedDict[tuple[int, ...], tuple[list[ChatMessage], ChatMessage]] = O
 
 def alternating(messages: list[ChatMessage]) -> list[ChatMessage]:
     """``messages`` with each run of user messages in a row made one, their texts a blank line
-    apart, so that roles alternate as strict chat templates require (Mistral's and Gemma's, on
-    vLLM or llama.cpp, refuse a conversation that does not).
+    apart (a text the same as the one before it once: a prompt sent again by Retry), so that
+    roles alternate as strict chat templates require (Mistral's and Gemma's, on vLLM or
+    llama.cpp, refuse a conversation that does not).
 
     A turn that ended before the model said anything (aborted, or failed, before its first
     token) keeps only its user message (docs/architecture.md), so the next turn's prompt follows
@@ -91,7 +92,11 @@ def _merge(run: list[ChatMessage]) -> ChatMessage:
     key = tuple(id(message) for message in run)
     found = _merged.get(key)
     if found is None:
-        text = "\n\n".join(message.content for message in run)
+        texts = [run[0].content]
+        for message in run[1:]:
+            if message.content != texts[-1]:  # a prompt sent again by Retry: once is enough
+                texts.append(message.content)
+        text = "\n\n".join(texts)
         found = (run, ChatMessage.model_construct(role="user", content=text))
     _merged[key] = found  # kept with its run, so that no other message takes one of its ids
     _merged.move_to_end(key)

@@ -236,12 +236,12 @@ async def test_prompts_no_answer_followed_reach_the_model_with_the_next_one_as_o
         second = await browser.submit("And a poem", **session)
         assert (await browser.completion(second["turnId"]))[1] is False
 
-        third = await browser.submit("Shorter, please", **session)
+        third = await browser.submit("And a poem", **session)  # Retry
         assert await browser.completion(third["turnId"]) == (third["turnId"], True, "Both done.")
         fourth = await browser.submit("Thanks", **session)
         assert await browser.completion(fourth["turnId"]) == (fourth["turnId"], True, "Fine.")
 
-    merged = "Write a long essay\n\nAnd a poem\n\nShorter, please"
+    merged = "Write a long essay\n\nAnd a poem"  # the prompt sent again, once
     assert [[(m["role"], m["content"]) for m in r.messages] for r in peer.requests[2:]] == [
         [("user", merged)],
         [("user", merged), ("assistant", "Both done."), ("user", "Thanks")],
