@@ -26,6 +26,7 @@ from hangar.shared.protocol import (
     ToolActivity,
     TurnView,
 )
+from hangar.shared.wire import shows
 
 from . import queue, sub_agents
 from .accounts import Accounts, User
@@ -250,7 +251,7 @@ class Rooms:
             return {"ok": False, "error": UNKNOWN_SESSION}
         if session.owner != viewer.user_id:
             return {"ok": False, "error": NOT_YOUR_TITLE}
-        if not title:
+        if not shows(title):
             return {"ok": False, "error": EMPTY_TITLE}
         renamed = await self.store.rename_session(session_id, title, time.time())
         if renamed is None:

@@ -39,6 +39,7 @@ from hangar.shared.protocol import (
     SubmitWorkOrder,
     ToolApproval,
 )
+from hangar.shared.wire import shows
 
 from . import queue, session_tools
 from .accounts import User
@@ -69,6 +70,7 @@ ACCEPTED_REMEMBERED = 10_000
 """Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
+EMPTY_PROMPT = "The prompt is empty: it has nothing to read."
 REQUEST_ID_TAKEN = "This request id was already used for another prompt; make a new one."
 ABORT_ANSWER = 2.0
 """Seconds a drone has to acknowledge an abort; past that the relay ends the turn itself."""
@@ -115,6 +117,8 @@ class TurnLifecycle(TurnEndings):
     # ---- browsers
 
     async def submit(self, viewer: User, sid: str, request: SubmitWorkOrder) -> dict[str, Any]:
+        if not shows(request.prompt):
+            return {"ok": False, "error": EMPTY_PROMPT}
         owner = viewer.user_id
         if request.request_id is not None:
             earlier = await self.store.turn_of_request(owner, request.request_id)
@@ -376,7 +380,7 @@ def _abort_answer(answer: Any) -> tuple[bool, str]:
 
 
 def session_title(prompt: str) -> str:
-    """A new session's title: the first line of its first prompt, at most 60 characters."""
-    stripped = prompt.strip()
-    line = stripped.splitlines()[0] if stripped else "New session"
+    """A new session's title: the first line of its first prompt that shows, at most 60
+    characters."""
+    line = next((line.strip() for line in prompt.splitlines() if shows(line)), "New session")
     return line[:60] + ("…" if len(line) > 60 else "")

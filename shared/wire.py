@@ -7,6 +7,7 @@ unknown keys refused), chat messages and tool calls, token usage and a turn's en
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
@@ -152,3 +153,15 @@ class Ending(Wire):
     reason: EndReason
     usage: Usage | None = None
     messages: list[NumberedMessage] | None = Field(default=None, max_length=MAX_BUNDLED)
+
+
+BLANK_LETTERS = frozenset("\u115f\u1160\u2800\u3164\uffa0")
+"""Letters drawn as nothing: the Hangul fillers and the blank Braille pattern."""
+
+
+def shows(text: str) -> bool:
+    """Whether ``text`` holds a character a person can see: not only white space, invisible
+    format characters (zero-width spaces and joiners, direction marks) and blank letters."""
+    return any(
+        not (c.isspace() or c in BLANK_LETTERS or unicodedata.category(c) == "Cf") for c in text
+    )

@@ -13,6 +13,7 @@ import socketio
 
 from bench.peers import OpenAIPeer, Reply
 from hangar.server.limits import NOT_UNICODE
+from hangar.server.turns import EMPTY_PROMPT
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
@@ -164,6 +165,32 @@ async def test_malformed_browser_payloads_get_an_error_ack_and_change_nothing(
     assert ack["ok"] is False and ack["error"].startswith("Invalid payload")
     assert await relay.relay.store.list_sessions(browser_owner(relay)) == []
     assert await relay.relay.store.processing_turns() == []
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["   \n\t ", "\u200b\u200b", "\u200e \ufeff\u2060", "\u3164\u2800"],
+    ids=["white-space", "zero-width-spaces", "marks-and-joiners", "fillers"],
+)
+async def test_a_prompt_with_nothing_to_read_is_refused_and_makes_no_session(
+    relay: RelayHandle, browser: Browser, prompt: str
+) -> None:
+    """The page refuses it; a script sending it got a turn and a session titled with nothing
+    a person can see."""
+    ack = await browser.call("submitWorkOrder", {"prompt": prompt})
+
+    assert ack == {"ok": False, "error": EMPTY_PROMPT}
+    assert await relay.relay.store.list_sessions(browser_owner(relay)) == []
+
+
+async def test_a_new_sessions_title_is_its_prompts_first_line_that_shows(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    ack = await browser.call("submitWorkOrder", {"prompt": "\u200b\u200e\n  \nPlan the release"})
+
+    assert ack["ok"] is True
+    [session] = await relay.relay.store.list_sessions(browser_owner(relay))
+    assert session.title == "Plan the release"
 
 
 @pytest.mark.parametrize("event", ["submitWorkOrder", "renameSession", "listSessions"])

@@ -261,9 +261,10 @@ async def test_renaming_a_session_retitles_it_for_every_browser_of_its_owner(
 async def test_a_title_that_is_blank_or_too_long_is_refused(browser: Browser) -> None:
     ack = await ended_quickly(browser, "Keep this title")
     blank = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": " \n "})
+    unseen = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": "\u200b"})
     long = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": "x" * 201})
 
-    assert blank == {"ok": False, "error": EMPTY_TITLE}
+    assert blank == unseen == {"ok": False, "error": EMPTY_TITLE}
     assert long == {  # it spoke of "items"
         "ok": False,
         "error": "Invalid payload (title: String should have at most 200 characters).",
