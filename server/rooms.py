@@ -276,3 +276,10 @@ class Rooms:
             SESSION_REMOVED, {"sessionId": session_id}, room=rooms, namespace=IDE_NAMESPACE
         )
         return {"ok": True}
+
+
+def session_title(prompt: str) -> str:
+    """A new session's title: the first line of its first prompt that shows, white space
+    around it left out, at most 60 characters (``web/protocol.js`` has the same rule)."""
+    line = next((line.strip() for line in prompt.splitlines() if shows(line)), "New session")
+    return line[:60] + ("…" if len(line) > 60 else "")

@@ -49,7 +49,7 @@ from .endings import TurnEndings, brief
 from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
 from .reaper import Reaper
-from .rooms import Rooms
+from .rooms import Rooms, session_title
 from .store import (
     Ending,
     QueueFullError,
@@ -378,9 +378,3 @@ def _abort_answer(answer: Any) -> tuple[bool, str]:
         return answer[0], answer[1]
     return False, "The drone gave an invalid answer to the abort."
 
-
-def session_title(prompt: str) -> str:
-    """A new session's title: the first line of its first prompt that shows, at most 60
-    characters."""
-    line = next((line.strip() for line in prompt.splitlines() if shows(line)), "New session")
-    return line[:60] + ("…" if len(line) > 60 else "")

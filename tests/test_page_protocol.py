@@ -11,7 +11,7 @@ from typing import Any, get_args
 
 import pytest
 
-from hangar.server.turns import session_title
+from hangar.server.rooms import session_title
 from hangar.shared import protocol
 from hangar.shared.protocol import (
     EndReason,
@@ -102,6 +102,10 @@ TITLE_CASES = [
     "a" * 59 + "\udc00b",
     "Hello\x1fworld",
     "Tab\there",
+    "\u200b\u200e\n  \nPlan the release  \nlater",
+    "\ufeff\u2060\u3164\u2800",
+    "\u200bx",
+    "\u115f\r\n\u1160\r\n a\u200b ",
     *(f"{c}x{c}y{c}" for c in PY_SPACES + JS_ONLY_SPACES),
     *(c * 3 for c in PY_SPACES + JS_ONLY_SPACES),
     *(f"first{c}second" for c in PY_LINE_BREAKS),

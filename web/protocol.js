@@ -71,8 +71,10 @@ export const END_REASONS = Object.freeze([
 const TITLE_CHARS = 60;
 // Python's str.isspace() (what str.strip() removes), which is not JavaScript's \s.
 const SPACE = /[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/;
-// Where Python's str.splitlines() ends a line ("\r\n" starts with "\r").
-const LINE_BREAK = /[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]/;
+// Where Python's str.splitlines() ends a line.
+const LINE_BREAK = /\r\n|[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]/;
+// A line that shows nothing (Python's wire.shows): white space, format characters, blank letters.
+const UNSEEN = /^[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\p{Cf}\u115f\u1160\u2800\u3164\uffa0]*$/u;
 
 function strip(text) {
   let start = 0;
@@ -82,12 +84,12 @@ function strip(text) {
   return text.slice(start, end);
 }
 
-/** A new session's title: the first line of its first prompt, at most 60 characters (code points). */
+/** A new session's title: the first line of its first prompt that shows, white space around it
+ * left out, at most 60 characters (code points). */
 export function sessionTitle(prompt) {
-  const stripped = strip(String(prompt));
-  if (!stripped) return "New session";
-  const lineEnd = stripped.search(LINE_BREAK);
-  const chars = Array.from(lineEnd < 0 ? stripped : stripped.slice(0, lineEnd));
+  const line = String(prompt).split(LINE_BREAK).find((text) => !UNSEEN.test(text));
+  if (line === undefined) return "New session";
+  const chars = Array.from(strip(line));
   return chars.length > TITLE_CHARS ? `${chars.slice(0, TITLE_CHARS).join("")}…` : chars.join("");
 }
 
