@@ -39,7 +39,7 @@ from hangar.shared.protocol import (
     SubmitWorkOrder,
     ToolApproval,
 )
-from hangar.shared.wire import shows
+from hangar.shared.wire import cut, shows
 
 from . import queue, session_tools
 from .accounts import User
@@ -70,6 +70,7 @@ ACCEPTED_REMEMBERED = 10_000
 """Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
+INVALID_ANSWER = "The drone gave an invalid answer to the abort."
 EMPTY_PROMPT = "The prompt is empty: it has nothing to read."
 REQUEST_ID_TAKEN = "This request id was already used for another prompt; make a new one."
 ABORT_ANSWER = 2.0
@@ -278,26 +279,26 @@ class TurnLifecycle(TurnEndings):
             answer = await self.directory.call(
                 ABORT_WORK_ORDER, order.wire(), route, within=self.abort_answer
             )
+            success, message = _abort_answer(answer, order.mode)
+            if message == INVALID_ANSWER:
+                log.warning(
+                    "abort turn=%s drone=%s: an answer no drone gives (%s); ended by the relay",
+                    turn_id,
+                    route.drone_id,
+                    cut(repr(answer), 200),
+                )
+                return await self._relay_ends(turn_id, viewer)
         except socketio.exceptions.SocketIOError:
-            # A frozen or vanished drone: the abort is honoured anyway. The turn ends now
-            # (announced after this ack, as always); the drone hears of it when it is heard
-            # from again.
             log.warning(
                 "abort turn=%s drone=%s: no answer within %g s; ended by the relay",
                 turn_id,
                 route.drone_id,
                 self.abort_answer,
             )
-            try:
-                ended = await self.end_here(turn_id, self._unanswered(viewer))
-                return await self.honoured(turn_id, ended)
-            except Exception as error:  # the store failed: the sweep ends the turn later
-                log.warning("could not end turn=%s now: %s", turn_id, brief(error))
-                return True, ABORT_SIGNALED
+            return await self._relay_ends(turn_id, viewer)
         finally:
             # Marked just before the ack goes out: a completion waiting on it is sent after it.
             await self.live_state.abort_answered(turn_id)
-        success, message = _abort_answer(answer)
         self.metrics.abort_latency.observe(time.monotonic() - requested_at)
         log.info(
             "abort turn=%s drone=%s answer=%s %r in %.1f ms",
@@ -309,13 +310,26 @@ class TurnLifecycle(TurnEndings):
         )
         # A drone that says it runs no such turn ended it: its completion is on its way, or was
         # lost (its first answer to the order was); either way the turn ends within the grace.
-        if mode == "now" and (success or message == NO_ACTIVE_WORK_ORDER):
+        if message == ABORT_SIGNALED or (mode == "now" and message == NO_ACTIVE_WORK_ORDER):
+            if mode != "now":  # asked to stop after its step, the drone stops it now
+                self._asked(turn_id, viewer)
             self.reaper.watch_abort(turn_id, finished=not success)
-        elif success and message == STOP_AFTER_STEP:  # every tab shows it stops after its step
+        elif message == STOP_AFTER_STEP:  # every tab shows it stops after its step
             self._asked(turn_id, viewer)
             stopping = {"turnId": turn_id, "sessionId": turn.session_id}
             await self.rooms.to_session(turn.session_id, TURN_STOPPING, stopping)
         return success, message
+
+    async def _relay_ends(self, turn_id: str, viewer: User) -> tuple[bool, str]:
+        """A drone frozen, gone, or answering what no drone does: the abort is honoured
+        anyway. The turn ends now (announced after this ack, as always); the drone hears of
+        it when it is heard from again."""
+        try:
+            ended = await self.end_here(turn_id, self._unanswered(viewer))
+            return await self.honoured(turn_id, ended)
+        except Exception as error:  # the store failed: the sweep ends the turn later
+            log.warning("could not end turn=%s now: %s", turn_id, brief(error))
+            return True, ABORT_SIGNALED
 
     async def approve(self, viewer: User, answer: ToolApproval) -> dict[str, Any]:
         """Take a person's answer to a tool call of theirs waiting for approval to the drone
@@ -368,13 +382,17 @@ def _quietly(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _abort_answer(answer: Any) -> tuple[bool, str]:
-    if (
-        isinstance(answer, (list, tuple))
-        and len(answer) == 2
-        and isinstance(answer[0], bool)
-        and isinstance(answer[1], str)
-    ):
-        return answer[0], answer[1]
-    return False, "The drone gave an invalid answer to the abort."
+ANSWERS = {
+    "now": ((True, ABORT_SIGNALED), (False, NO_ACTIVE_WORK_ORDER)),
+    "after_step": ((True, STOP_AFTER_STEP), (True, ABORT_SIGNALED), (False, NO_ACTIVE_WORK_ORDER)),
+}
+"""What a drone answers an abort with, by its mode (docs/protocol.md); "Abort signaled" to
+"after this step" when it stops the turn at once (an abort of it was under way)."""
 
+
+def _abort_answer(answer: Any, mode: str) -> tuple[bool, str]:
+    """The drone's answer, or ``(False, INVALID_ANSWER)`` for one no drone gives."""
+    pair = tuple(answer) if isinstance(answer, (list, tuple)) else None
+    if pair in ANSWERS[mode]:
+        return bool(pair[0]), str(pair[1])
+    return False, INVALID_ANSWER

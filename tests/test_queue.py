@@ -216,7 +216,7 @@ class TardyDrone(HandDrone):
         await self.orders.put(data)
         return await asyncio.shield(self.answer)
 
-    async def _abort(self, data: dict[str, Any]) -> tuple[bool, str]:
+    async def _abort(self, data: dict[str, Any]) -> Any:
         if data.get("mode") == "after_step":  # as a drone answers for an order not arrived
             self.aborts.append(data)
             return True, STOP_AFTER_STEP

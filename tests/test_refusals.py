@@ -19,8 +19,11 @@ from hangar.shared.protocol import (
     ABORTED,
     DRONE_NAMESPACE,
     NO_ACTIVE_WORK_ORDER,
+    STOP_AFTER_STEP,
     UNKNOWN_TURN,
+    WORK_ORDER_COMPLETE,
 )
+from tests.browser.hand_drone import HandDrone
 from tests.conftest import HANGAR, Browser, RelayHandle, Upstream, drone_hello, eventually
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
@@ -305,3 +308,54 @@ async def test_a_model_services_long_error_ends_the_turn_cut_and_the_drone_goes_
         True,
         "Fine now.",
     )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [None, {"weird": 1}, (False, "nope"), (True, STOP_AFTER_STEP)],
+    ids=["none", "an-object", "a-refusal-of-its-own", "stop-after-step-to-now"],
+)
+async def test_an_abort_a_drone_answers_with_no_answer_of_the_protocol_still_lands(
+    relay: RelayHandle, browser: Browser, answer: Any
+) -> None:
+    """A drone's handler with a bug answered None: the person was told the abort failed, and
+    the turn ran on (an interrupt sent behind it waited as long), to end 'finished'."""
+    async with HandDrone(relay.url, "hand-1", abort_answer=answer) as drone:
+        first = await browser.submit("Run on", droneId="hand-1")
+        turn_id = await drone.next_order()
+
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "aborted")
+        late = await drone.client.call(
+            WORK_ORDER_COMPLETE, (turn_id, True, "late"), namespace=DRONE_NAMESPACE, timeout=10
+        )
+        assert late == {"ok": False, "error": "The turn has already ended."}
+
+        after = await browser.submit("Next", sessionId=first["sessionId"], droneId="hand-1")
+        assert await drone.next_order() == after["turnId"]
+    ending = await browser.ending(turn_id)
+    assert (ending["status"], ending["reason"]) == ("aborted", "unanswered")
+    assert len(browser.completions(turn_id)) == 1
+
+
+async def test_stop_after_this_step_a_drone_answers_by_stopping_now_ends_the_turn_aborted(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A drone that stops a turn at once when asked to stop after its step (a 'now' abort was
+    under way, say) answers "Abort signaled": the relay neither kept that the person asked nor
+    watched the turn, which stayed processing while its drone sent nothing more."""
+    async with HandDrone(relay.url, "hand-1", abort_answer=(True, ABORT_SIGNALED)) as drone:
+        await browser.submit("Run on", droneId="hand-1")
+        turn_id = await drone.next_order()
+
+        gentle = await browser.call("abortWorkOrder", {"turnId": turn_id, "mode": "after_step"})
+        assert gentle == (True, ABORT_SIGNALED)
+
+        assert await browser.completion(turn_id, timeout=relay.config.abort_grace + 5) == (
+            turn_id,
+            True,
+            "aborted",
+        )
+    ending = await browser.ending(turn_id)
+    assert (ending["status"], ending["reason"]) == ("aborted", "unanswered")
+    assert ending["endedBy"].startswith("person-")

@@ -32,8 +32,9 @@ class HandDrone:
         url: str,
         drone_id: str = "hand-1",
         model: str = "m",
-        abort_answer: tuple[bool, str] = (True, ABORT_SIGNALED),
+        abort_answer: Any = (True, ABORT_SIGNALED),
     ) -> None:
+        """``abort_answer``: what it answers an abort with (any value: a drone with a bug)."""
         self.url = url
         self.abort_answer = abort_answer
         self.drone_id = drone_id
@@ -70,7 +71,7 @@ class HandDrone:
         await self.orders.put(data)
         return {"ok": True}
 
-    async def _abort(self, data: dict[str, Any]) -> tuple[bool, str]:
+    async def _abort(self, data: dict[str, Any]) -> Any:
         self.aborts.append(data)
         self.abort_asked.set()
         await self.answer_aborts.wait()
