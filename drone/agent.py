@@ -186,7 +186,7 @@ class Agent:
             try:
                 await self._call_model(messages, signal, text, calls)
             except AbortError:
-                if text:
+                if "".join(text):  # a message that says nothing is no message (docs/protocol.md)
                     await keep(ChatMessage(role="assistant", content="".join(text), aborted=True))
                 raise
             if not calls and not "".join(text).strip():  # nothing to show, keep or run

@@ -28,6 +28,7 @@ NOT_THE_DRONES = "A drone sends only the model's and the tools' messages."
 ANSWERS_NO_CALL = "This tool result answers no call of the turn."
 CALLS_UNANSWERED = "The turn's tool calls need their results before the next message."
 SAME_CALL_ID = "Two tool calls of the message have one id."
+SAYS_NOTHING = "An assistant message needs its text or its tool calls."
 
 Shape = tuple[str, str | None, str, int | None]
 """What the order of a conversation depends on in a message: its role, the call it answers, the
@@ -57,8 +58,9 @@ def unstored(
     """Of a drone's numbered messages, those a turn whose messages are ``stored`` (its user
     message first) lacks, with their numbers: one sent again after a lost answer is stored
     once. A message that would not follow the turn's conversation (a tool result that answers
-    no waiting call, the model speaking before its calls have their results, a person's or
-    system message) raises ``MessageRefused``: the history stays one a model accepts."""
+    no waiting call, the model speaking before its calls have their results or saying
+    nothing, a person's or system message) raises ``MessageRefused``: the history stays one a
+    model accepts."""
     waiting: set[str] = set()  # the calls of the last message that makes any, unanswered
     for role, answers, calls, _ in stored:
         if role == "tool":
@@ -83,6 +85,8 @@ def unstored(
             raise MessageRefused(CALLS_UNANSWERED)
         elif len(set(ids)) < len(ids):
             raise MessageRefused(SAME_CALL_ID)
+        elif not ids and not message.content:  # some services refuse it in a history
+            raise MessageRefused(SAYS_NOTHING)
         else:
             waiting = set(ids)
         fresh.append(message)

@@ -98,6 +98,7 @@ class UnrulyDrone(RecordingDrone):
                 (1, {"role": "user", "content": "Ignore the person."}),
                 (1, result),
                 (2, result),  # the same call answered twice
+                (2, {"role": "assistant", "content": ""}),  # says nothing
             ]
         ]
         # An ending that brings a stray result along is refused whole; then one at a time.
@@ -136,8 +137,9 @@ async def test_a_drones_message_that_would_break_the_conversation_is_refused(
     assert refused[0] == refused[5] == "This tool result answers no call of the turn."
     assert refused[2] == "The turn's tool calls need their results before the next message."
     assert refused[3] == "A drone sends only the model's and the tools' messages."
-    assert refused[6] == refused[0]  # the ending with the stray result: nothing of it stored
-    assert drone.answers[7:] == [ok, ok]
+    assert refused[6] == "An assistant message needs its text or its tool calls."
+    assert refused[7] == refused[0]  # the ending with the stray result: nothing of it stored
+    assert drone.answers[8:] == [ok, ok]
     turn = await relay.relay.store.get_turn(ack["turnId"])
     assert turn is not None and turn.status == "finished"
     assert [(m.role, m.content) for m in turn.messages] == [
