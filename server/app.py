@@ -223,6 +223,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
         )
         # An abort under way is carried out: its person hears so before the connection closes.
         await browsers.aborts_answered(config.abort_answer + ABORTS_MARGIN)
+        relay.reaper.stopping = True
         await close_connections(sio)
 
     app.cleanup_ctx.append(lifecycle)

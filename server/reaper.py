@@ -109,6 +109,9 @@ class Reaper:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
         self.delivering: set[str] = set()
+        self.stopping = False
+        """The relay stops: the drones it drops take their turns elsewhere, or here once it is
+        back (another relay's sweep, or its own at its next start, ends those none takes)."""
         """Turns whose drone said it finished them while an abort watchdog waits for their end."""
         self.missing_since: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -146,6 +149,8 @@ class Reaper:
 
     def watch_orphan(self, turn_id: str, drone_id: str) -> None:
         """End the turn in error if its drone is not back within ``drone_grace``."""
+        if self.stopping:
+            return
         ending = partial(self._orphan_timeout, turn_id, drone_id)
         self.timers[turn_id] = self.later(self.drone_grace, ending)
 
@@ -215,6 +220,8 @@ class Reaper:
     async def sweep(self) -> None:
         """End turns no live drone runs any more (its relay died, say) after ``drone_grace``."""
         assert self.endings is not None
+        if self.stopping:
+            return
         doubt = self.live_state.endings_in_doubt()
         if doubt is not None:  # first, from the store alone: also while Redis is down
             await self._check_live_turns(doubt)

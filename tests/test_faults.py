@@ -442,6 +442,36 @@ async def test_an_abort_after_a_relay_restart_before_the_drone_is_back_keeps_the
         await again.close()
 
 
+async def test_a_stopping_relay_leaves_the_turns_of_the_drones_it_drops_to_them(
+    tmp_path: Path,
+) -> None:
+    """A relay that stops drops its drones so that they go on elsewhere, or here once it is
+    back (docs/architecture.md). With a drone grace shorter than its second of stopping, it
+    ended their turns "drone lost" on its way out."""
+    database = relay_folder(tmp_path) / "hangar.db"
+    config = RelayConfig(port=0, database=str(database), drone_token=DRONE_TOKEN, drone_grace=0.1)
+    runner, port = await start_relay(config)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        token = await People(runner.app[RELAY].accounts).token("ada")
+        browser = await Browser(url, token).connect()
+        async with HandDrone(url) as drone:
+            turn_id = (await browser.submit("Go on"))["turnId"]
+            assert await drone.next_order() == turn_id
+            await browser.close()
+            await runner.cleanup()  # the relay stops, with the drone connected
+    finally:
+        await runner.cleanup()
+
+    store = SqliteTurnStore(database)
+    await store.open()
+    try:
+        turn = await store.get_turn(turn_id, messages=False)
+    finally:
+        await store.close()
+    assert turn is not None and turn.status == "processing"
+
+
 @pytest.mark.parametrize("grace", [1.0, 2.0])
 async def test_a_drone_comes_back_to_a_relay_stopped_and_started_again(
     sqlite_relay: Start,
