@@ -35,6 +35,7 @@ from hangar.shared.protocol import (
 from hangar.shared.wire import Ending as DronesEnding
 from hangar.shared.wire import cut
 
+from . import queue
 from .accounts import Revocation
 from .connections import AGAIN, UNAVAILABLE, ConnectionNamespace, failures
 from .lanes import TurnLanes
@@ -208,16 +209,18 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             self.relay.background.spawn(self.relay.reports.abort_on_drone(route, to_abort))
 
     async def revoked(self, revocation: Revocation) -> None:
-        """A revoked drone is disconnected at once, its running turns ended in error."""
+        """A revoked drone is disconnected at once, its running turns ended in error, and the
+        turns waiting for it by name too (every relay hears of it; the first ends them)."""
         if revocation.kind != "drone":
             return
+        ending = Ending("error", TOKEN_REVOKED, "drone_failed")
         for sid, connection in list(self.connections.items()):
             if connection.route.drone_id == revocation.revoked:
-                await self.relay.reports.end_drone_turns(
-                    connection.route.drone_id, Ending("error", TOKEN_REVOKED, "drone_failed")
-                )
+                await self.relay.reports.end_drone_turns(connection.route.drone_id, ending)
                 await self.emit(DISMISSED, {"reason": TOKEN_REVOKED}, to=sid)
                 await self.server.disconnect(sid, namespace=DRONE_NAMESPACE)
+        for turn_id in await queue.waiting_for(self.relay.store, revocation.revoked):
+            await self.relay.turns.end_here(turn_id, ending, from_statuses=("queued",))
 
     async def disconnect(self, sid: str) -> None:
         drone = self.connections.pop(sid, None)

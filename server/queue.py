@@ -153,6 +153,14 @@ async def where_queued(db: Database, live: LiveState) -> list[Place]:
     return places(order, online)
 
 
+async def waiting_for(db: Database, drone_id: str) -> list[str]:
+    """The queued turns sent to ``drone_id`` by name."""
+    rows = await db.fetch(
+        "SELECT turn_id FROM turns WHERE status = 'queued' AND wanted_drone = ?", drone_id
+    )
+    return [row["turn_id"] for row in rows]
+
+
 async def queued_count(db: Database, owner: str) -> int:
     rows = await db.fetch(
         "SELECT count(*) AS queued FROM turns WHERE owner = ? AND status = 'queued'", owner

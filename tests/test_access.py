@@ -703,6 +703,32 @@ async def test_a_revoked_drone_token_disconnects_its_drone_and_ends_its_turns(
     assert turn is not None and (turn.status, turn.result) == ("error", TOKEN_REVOKED)
 
 
+async def test_a_turn_waiting_for_a_drone_whose_token_is_revoked_ends_with_a_reason(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """A turn sent to a drone by name waits for that drone, even while it is away: once its
+    token was revoked, it waited for ever, its person not told why."""
+    openai_peer.script(SLOW)
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    await start_drone(Upstream("openai", openai_peer), token=token, name="laptop")
+    running = await browser.submit("Working on the laptop")
+    await browser.wait_text(running["turnId"], pieces=1)
+    waiting = await browser.submit("Then this, on the laptop", droneId="laptop")
+    turn = await relay.relay.store.get_turn(waiting["turnId"], messages=False)
+    assert turn is not None and turn.status == "queued"  # the laptop runs one at a time
+
+    assert await relay.relay.accounts.revoke_drone_token("laptop")
+
+    assert await browser.completion(waiting["turnId"]) == (
+        waiting["turnId"],
+        False,
+        TOKEN_REVOKED,
+    )
+    turn = await relay.relay.store.get_turn(waiting["turnId"])
+    assert turn is not None and (turn.status, turn.reason) == ("error", "drone_failed")
+    assert [m.role for m in turn.messages] == ["user"]
+
+
 async def test_a_drone_token_only_opens_its_own_drone(relay: RelayHandle) -> None:
     token = await relay.relay.accounts.create_drone_token("laptop")
     hello = {**drone_hello("desk"), "token": token}
