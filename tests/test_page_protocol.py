@@ -20,6 +20,7 @@ from hangar.shared.protocol import (
     TurnStatus,
     completion_status,
 )
+from hangar.shared.wire import shows
 from tests.conftest import ROOT, ci
 
 PROTOCOL_JS = ROOT / "web" / "protocol.js"
@@ -124,6 +125,28 @@ COMPLETION_CASES: list[tuple[bool, str]] = [
     (False, "The drone disconnected."),
 ]
 
+SHOW_CASES = [
+    "",
+    " ",
+    "x",
+    " \t\n",
+    "\u200b\u200b",
+    "\u200e \ufeff\u2060\u200d",
+    "\u3164\u2800\uffa0",
+    "\u115f\u1160",
+    "\x1c\x1d\x1e\x1f",
+    "\u00ad",
+    "\u200bx",
+    "\u05d0",
+    "\u3000",
+    "😀",
+    "\ud800",
+    "\u061c",
+    "\u180e",
+]
+"""Texts the relay refuses as prompts (``shows``) or takes; the page must say the same."""
+
+
 SCRIPT = """
 import * as protocol from %s;
 let input = "";
@@ -140,6 +163,7 @@ process.stdout.write(JSON.stringify({
   functions,
   titles: cases.titles.map((prompt) => protocol.sessionTitle(prompt)),
   statuses: cases.completions.map(([ok, message]) => protocol.completionStatus(ok, message)),
+  shown: cases.shows.map((text) => protocol.shows(text)),
 }));
 """
 
@@ -158,7 +182,7 @@ def node() -> str:
 def page_protocol() -> dict[str, Any]:
     """What web/protocol.js exports, and what its rules answer for the cases above."""
     script = SCRIPT % json.dumps(PROTOCOL_JS.as_uri())
-    cases = {"titles": TITLE_CASES, "completions": COMPLETION_CASES}
+    cases = {"titles": TITLE_CASES, "completions": COMPLETION_CASES, "shows": SHOW_CASES}
     done = subprocess.run(
         [node(), "--input-type=module", "-e", script],
         input=json.dumps(cases),
@@ -184,7 +208,7 @@ def test_the_page_uses_the_protocol_constants(page_protocol: dict[str, Any]) -> 
 
 
 def test_the_page_has_the_two_protocol_rules(page_protocol: dict[str, Any]) -> None:
-    assert sorted(page_protocol["functions"]) == ["completionStatus", "sessionTitle"]
+    assert sorted(page_protocol["functions"]) == ["completionStatus", "sessionTitle", "shows"]
 
 
 def test_session_title_matches_the_relay(page_protocol: dict[str, Any]) -> None:
@@ -195,6 +219,11 @@ def test_session_title_matches_the_relay(page_protocol: dict[str, Any]) -> None:
         if title != session_title(prompt)
     ]
     assert not mismatches, "(prompt, page's title, relay's title): " + ascii(mismatches)
+
+
+def test_what_shows_matches_the_relay(page_protocol: dict[str, Any]) -> None:
+    page = dict(zip(SHOW_CASES, page_protocol["shown"], strict=True))
+    assert page == {text: shows(text) for text in SHOW_CASES}
 
 
 def test_completion_status_matches_the_relay(page_protocol: dict[str, Any]) -> None:

@@ -5,8 +5,9 @@
 import { createAbortControls } from "./abort.js";
 import { caretOnEdgeLine } from "./caret-line.js";
 import { confirmReplaceDraft } from "./draft-dialog.js";
-import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER } from "./protocol.js";
+import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER, shows } from "./protocol.js";
 import { request, socket } from "./socket.js";
+import { directionOf } from "./text-direction.js";
 import { byId, toast } from "./ui.js";
 
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgentData?.platform ?? navigator.platform ?? "");
@@ -84,7 +85,7 @@ export function createControls(state, { conversation, sessions, drones }) {
   /** Send `text` as a new turn; from the composer, it is emptied once the relay took it. */
   async function send(text, mode, { fromComposer }) {
     if (submitting) return;
-    if (!text.trim()) {
+    if (!shows(text)) {
       prompt.focus();
       return;
     }
@@ -180,7 +181,7 @@ export function createControls(state, { conversation, sessions, drones }) {
    */
   async function edit(text, button) {
     const draft = prompt.value;
-    const own = draft.trim() !== "" && draft !== text && !(recalled && draft === recalled.value);
+    const own = shows(draft) && draft !== text && !(recalled && draft === recalled.value);
     if (own && !(await confirmReplaceDraft(draft))) {
       const back = button?.();
       if (back) back.focus();
@@ -218,7 +219,9 @@ export function createControls(state, { conversation, sessions, drones }) {
     return true;
   }
 
+  /** Fit the prompt to its text: its height, and its direction (see text-direction.js). */
   function autosize() {
+    prompt.dir = directionOf(prompt.value);
     prompt.style.height = "auto";
     prompt.style.height = `${Math.min(prompt.scrollHeight + 2, Math.round(window.innerHeight * 0.4))}px`;
   }

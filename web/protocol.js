@@ -84,6 +84,11 @@ function strip(text) {
   return text.slice(start, end);
 }
 
+/** Whether `text` holds a character that shows (the relay refuses a prompt that does not). */
+export function shows(text) {
+  return !UNSEEN.test(String(text));
+}
+
 /** A new session's title: the first line of its first prompt that shows, white space around it
  * left out, at most 60 characters (code points). */
 export function sessionTitle(prompt) {

@@ -5,6 +5,7 @@ session's earlier prompts."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 import pytest
@@ -12,7 +13,15 @@ from playwright.async_api import Page, expect
 
 from tests.browser.conftest import artifact
 from tests.browser.hand_drone import HandDrone
-from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit, turn_id_of
+from tests.browser.test_page import (
+    WAIT_MS,
+    has_class,
+    open_hangar,
+    record_outgoing,
+    sent,
+    submit,
+    turn_id_of,
+)
 from tests.browser.test_page_render import still
 from tests.conftest import RelayHandle
 
@@ -115,3 +124,67 @@ async def test_the_arrows_move_the_caret_between_the_drawn_lines_of_a_recalled_p
         await expect(prompt).to_have_value(long)
         await page.keyboard.press("ArrowUp")
         await expect(prompt).to_have_value("first")
+
+
+# Short lines, just under the 100,000 characters a prompt may have.
+MANY_LINES = "x\n" * 49_500
+# Pasted in, the composer's direction was taken by the browser's dir="auto" over the whole
+# text: about 8 s here (near the limit, tens of seconds on a slower machine, and the socket's
+# ping timed out). A person pasting a long log waits a second or two at most.
+RESPONSIVE_S = 4.5
+
+# What a paste does to the composer: its whole text changes, then "input" is fired. (Playwright's
+# fill types the text through the editor line by line, which takes minutes for so many lines.)
+PASTE = """(text) => {
+    const prompt = document.getElementById("prompt");
+    prompt.focus();
+    prompt.value = text;
+    prompt.dispatchEvent(new InputEvent("input", { bubbles: true, inputType: "insertFromPaste" }));
+}"""
+
+
+async def test_a_prompt_of_many_short_lines_keeps_the_page_responsive(
+    page: Page, relay: RelayHandle
+) -> None:
+    await open_hangar(page, relay)
+    prompt = page.locator("#prompt")
+    loop = asyncio.get_running_loop()
+
+    start = loop.time()
+    await page.evaluate(PASTE, MANY_LINES)
+    await page.keyboard.type("y")
+    await page.wait_for_function("() => document.getElementById('prompt').value.endsWith('y')")
+    took = loop.time() - start
+
+    assert took < RESPONSIVE_S, f"pasting and a keystroke took {took:.1f} s"
+    assert await prompt.evaluate("(p) => p.value.length") == len(MANY_LINES) + 1
+    assert await prompt.evaluate("(p) => getComputedStyle(p).direction") == "ltr"
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    # Pasted over, a Hebrew prompt reads right to left; one that starts with a number too.
+    await page.evaluate(PASTE, "3 שאלות קצרות?\nשורה שנייה.")
+    assert await prompt.evaluate("(p) => getComputedStyle(p).direction") == "rtl"
+    await prompt.fill("")
+    assert await prompt.evaluate("(p) => getComputedStyle(p).direction") == "ltr"
+
+
+async def test_a_prompt_of_only_invisible_characters_is_not_sent(
+    page: Page, relay: RelayHandle
+) -> None:
+    """Zero-width spaces and joiners, a word joiner, a byte order mark: nothing to read, so
+    nothing is sent, as for a prompt of spaces."""
+    await open_hangar(page, relay)
+    await record_outgoing(page)
+    prompt = page.locator("#prompt")
+    for blank in ("\u200b\u200b", " \u200b\u2060\ufeff \n\u200d", "   "):
+        await prompt.fill(blank)
+        await prompt.press("Enter")
+        await page.click("#submit")
+
+    turn = await submit(page, "Something to read")  # sent after them, shown after them
+
+    await expect(page.locator("#turns article.turn")).to_have_count(1)
+    await expect(turn.locator(".turn-prompt")).to_have_text("Something to read")
+    assert (await sent(page)).count("submitWorkOrder") == 1
+    await expect(prompt).to_be_focused()
+    await expect(page.locator("#sessions .session-title")).to_have_text(["Something to read"])
+    await expect(page.locator("#session-title")).to_have_text("Something to read")
