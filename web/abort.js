@@ -1,5 +1,5 @@
 // Stopping turns: the open session's running turn (Cancel, Esc Esc, "Stop after this step"), and
-// a queued turn's own Cancel.
+// a queued turn (its own Cancel, or Esc Esc while none of the session's turns runs).
 
 import { ABORT_WORK_ORDER, STOP_AFTER_STEP } from "./protocol.js";
 import { request, socket } from "./socket.js";
@@ -37,9 +37,14 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
   const cancel = byId("cancel");
   const stop = byId("stop-after-step");
 
-  /** The abort of the open session's processing turn; the Esc listener is on while `turnId` is set. */
+  /** The abort of the open session's processing turn, and of its turn Esc Esc stops. */
   const abort = {
     turnId: null,
+    /** What Esc Esc stops: the processing turn, else the first queued one; the listener is on
+     * while it is set. A queued turn that starts stays the one (Esc, it starts, Esc: aborted). */
+    escTurnId: null,
+    /** `{turnId, toast}`: "Cancelling…" after Esc Esc on a queued turn, until it has ended. */
+    cancellingToast: null,
     /**
      * "idle"; "requesting" (an ack is awaited); "stopping" (it stops after its step; a press
      * stops it now); "aborting" (signaled; the turn ends soon).
@@ -56,11 +61,17 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
   /** Point the abort at `turnId` (null when nothing processes); another turn starts afresh. */
   function follow(turnId) {
     if (turnId === abort.turnId) return;
-    disarmEsc();
-    if (turnId && !abort.turnId) document.addEventListener("keydown", onEscKeydown);
-    if (!turnId && abort.turnId) document.removeEventListener("keydown", onEscKeydown);
     abort.turnId = turnId;
     abort.phase = "idle";
+  }
+
+  /** Point Esc Esc at `turnId` (null: none); a first Esc for another turn is forgotten. */
+  function aim(turnId) {
+    if (turnId === abort.escTurnId) return;
+    disarmEsc();
+    if (turnId && !abort.escTurnId) document.addEventListener("keydown", onEscKeydown);
+    if (!turnId && abort.escTurnId) document.removeEventListener("keydown", onEscKeydown);
+    abort.escTurnId = turnId;
   }
 
   /** Whether an immediate abort is asked for or under way: "Aborting…" from the press on. */
@@ -70,7 +81,15 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
 
   /** Bring the buttons and the Esc listener in line with the open session's running turn. */
   function sync() {
-    follow(state.currentSessionId ? conversation.processingTurnId() : null);
+    const open = Boolean(state.currentSessionId);
+    follow(open ? conversation.processingTurnId() : null);
+    aim(abort.turnId ?? (open ? conversation.queuedTurnId() : null));
+    const cancelling = abort.cancellingToast;
+    const card = cancelling && state.cards.get(cancelling.turnId);
+    if (cancelling && (!card || card.ended || !card.cancelling)) {
+      cancelling.toast.dismiss(); // it has ended (its card says how), or could not be cancelled
+      abort.cancellingToast = null;
+    }
     // Asked to stop after its step in another tab, or before a reload: a press stops it now.
     if (abort.phase === "idle" && state.cards.get(abort.turnId)?.stopping) abort.phase = "stopping";
     if (!aborting() && abort.abortingToast) {
@@ -127,10 +146,14 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
   }
 
   function onEscKeydown(e) {
-    if (e.key !== "Escape" || e.repeat || !abort.turnId) return;
+    if (e.key !== "Escape" || e.repeat || !abort.escTurnId) return;
     if (!abort.escArm) {
       const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS, key: ABORT_TOAST });
       abort.escArm = { toast: warning, timer: setTimeout(disarmEsc, ESC_WINDOW_MS) };
+      return;
+    }
+    if (abort.escTurnId !== abort.turnId) {
+      cancelQueuedByEsc(abort.escTurnId);
       return;
     }
     if (abort.phase !== "idle" && abort.phase !== "stopping") return;
@@ -139,6 +162,17 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
     abort.escArm = null;
     abort.abortingToast = toast("Aborting…", { duration: 0, key: ABORT_TOAST });
     requestAbort("now");
+  }
+
+  /** Esc Esc on a queued turn: it is cancelled, as by its own Cancel ("Cancelling…" until then). */
+  function cancelQueuedByEsc(turnId) {
+    const card = state.cards.get(turnId);
+    if (!card || card.cancelling) return;
+    clearTimeout(abort.escArm.timer);
+    abort.escArm = null;
+    focusPrompt();
+    abort.cancellingToast = { turnId, toast: toast("Cancelling…", { duration: 0, key: ABORT_TOAST }) };
+    cancelQueued(card);
   }
 
   function disarmEsc() {
@@ -155,6 +189,6 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
     sync,
     cancelQueued,
     processingTurnId: () => abort.turnId,
-    escListenerActive: () => abort.turnId !== null,
+    escListenerActive: () => abort.escTurnId !== null,
   };
 }

@@ -289,6 +289,11 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     return id;
   }
 
+  /** The first queued turn shown (the next of the session's turns to start), or null. */
+  function queuedTurnId() {
+    return list.querySelector("article.turn.queued")?.dataset.turnId ?? null;
+  }
+
   function hasQueued() {
     return list.querySelector("article.turn.queued") !== null;
   }
@@ -448,6 +453,7 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     forgetOthers,
     renderLoading,
     processingTurnId,
+    queuedTurnId,
     hasQueued,
     prompts,
     follow,

@@ -23,6 +23,7 @@ from tests.browser.test_page import (
     assert_not_red,
     has_class,
     open_hangar,
+    stored,
     submit,
     turn_id_of,
 )
@@ -266,3 +267,93 @@ async def test_a_queued_turn_cancelled_before_it_started_reads_cancelled_not_abo
         await asyncio.wait_for(drone.abort_asked.wait(), WAIT_MS / 1000)
         await drone.complete(first_turn, True, "aborted")
         await expect(first.locator(".turn-status")).to_have_text(ABORTED_STATUS)
+
+
+async def busy_drone_and_a_queued_turn(
+    page: Page, relay: RelayHandle, drone: HandDrone
+) -> tuple[str, Locator]:
+    """The only drone busy with a turn of another session (the id returned), and a new
+    session whose prompt waits in line for it (its card returned)."""
+    await open_hangar(page, relay)
+    first = await submit(page, "Take the only drone")
+    first_turn = await drone.next_order()
+    await expect(first).to_have_class(has_class("processing"))
+    await page.click("#new-session")
+    waiting = await submit(page, "Wait in line")
+    await expect(waiting).to_have_class(has_class("queued"))
+    await expect(waiting.locator(".turn-status")).to_contain_text("Queued: next in line")
+    await expect(page.locator("#cancel")).to_be_hidden()
+    return first_turn, waiting
+
+
+async def test_esc_esc_cancels_the_sessions_turn_waiting_in_line(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:  # one slot: the first turn takes it
+        first_turn, waiting = await busy_drone_and_a_queued_turn(page, relay, drone)
+        await record_toasts(page)
+        toasts = page.locator("#toasts .toast:not(.leaving)")
+
+        await page.keyboard.press("Escape")
+        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await page.keyboard.press("Escape")
+
+        await expect(waiting).to_have_class(has_class("aborted"), timeout=WAIT_MS)
+        await expect(waiting.locator(".turn-status")).to_have_text(CANCELLED_STATUS)
+        await expect(page.locator("#toasts .toast")).to_have_count(0, timeout=WAIT_MS)
+        seen: dict[str, Any] = await page.evaluate("() => window.__toasts")
+        assert seen["most"] == 1, seen
+        assert seen["texts"] == ["Press Esc again to abort", "Cancelling…"], seen
+        await expect(page.locator("#prompt")).to_be_focused()
+        assert drone.aborts == [], "the other session's running turn is left alone"
+        assert (await stored(relay, first_turn)).status == "processing"
+        await assert_idle_controls(page)
+
+
+async def test_esc_then_esc_aborts_a_turn_that_started_between_the_two_presses(
+    page: Page, relay: RelayHandle
+) -> None:
+    """The first Esc lands while the turn still waits in line (as right after Enter), the
+    second once it has started: the turn is aborted."""
+    async with HandDrone(relay.url) as drone:
+        first_turn, waiting = await busy_drone_and_a_queued_turn(page, relay, drone)
+        toasts = page.locator("#toasts .toast:not(.leaving)")
+
+        await page.keyboard.press("Escape")
+        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await drone.complete(first_turn, True, "done")  # the drone is free: the turn starts
+        waiting_id = await drone.next_order()
+        assert waiting_id == await turn_id_of(waiting)
+        await expect(waiting).to_have_class(has_class("processing"), timeout=WAIT_MS)
+        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await page.keyboard.press("Escape")
+
+        await expect(toasts).to_have_text(["Aborting…"])
+        await asyncio.wait_for(drone.abort_asked.wait(), WAIT_MS / 1000)
+        assert [a["turnId"] for a in drone.aborts] == [waiting_id]
+        await drone.complete(waiting_id, True, "aborted")
+        await expect(waiting.locator(".turn-status")).to_have_text(ABORTED_STATUS)
+        await assert_idle_controls(page)
+
+
+async def test_esc_esc_stops_the_running_turn_not_the_follow_up_queued_behind_it(
+    page: Page, relay: RelayHandle
+) -> None:
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        running = await submit(page, "Run first")
+        running_id = await drone.next_order()
+        await expect(running).to_have_class(has_class("processing"))
+        follow_up = await submit(page, "Then this")
+        await expect(follow_up).to_have_class(has_class("queued"))
+
+        await page.keyboard.press("Escape")
+        await page.keyboard.press("Escape")
+
+        await asyncio.wait_for(drone.abort_asked.wait(), WAIT_MS / 1000)
+        assert [a["turnId"] for a in drone.aborts] == [running_id]
+        await drone.complete(running_id, True, "aborted")
+        await expect(running.locator(".turn-status")).to_have_text(ABORTED_STATUS)
+        follow_up_id = await drone.next_order()  # the follow-up runs after it
+        assert follow_up_id == await turn_id_of(follow_up)
+        await expect(follow_up).to_have_class(has_class("processing"), timeout=WAIT_MS)
