@@ -30,9 +30,31 @@ const LANGUAGE_CLASS = /^language-[\w+#.-]{1,40}$/;
 const escapeHtml = (text) =>
   String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
+/** Where a link in model text may go: an absolute web address, or a mail. One relative to the
+ * page would open the relay's own pages. */
+const LINK_HREF = /^(?:https?:\/\/|mailto:)/i;
+
+/**
+ * A GFM footnote's note ("[^1]: note") is shown as the text it is: marked would take it for a
+ * link definition, and "Footnote[^1]" would become a link to "note".
+ */
+const footnoteNote = {
+  name: "footnoteNote",
+  level: "block",
+  tokenizer(src) {
+    const match = /^ {0,3}(\[\^[^\]\s]+\]:[^\n]*)(?:\n|$)/.exec(src);
+    if (!match) return undefined;
+    return { type: "footnoteNote", raw: match[0], tokens: this.lexer.inline(match[1].trim()) };
+  },
+  renderer(token) {
+    return `<p>${this.parser.parseInline(token.tokens)}</p>\n`;
+  },
+};
+
 /** The page's Markdown dialect: GitHub's, with raw HTML shown as text and images as links. */
 export const markdown = new Marked({
   gfm: true,
+  extensions: [footnoteNote],
   renderer: {
     // A block keeps its lines (as preformatted text); inline HTML stays in its sentence.
     html: ({ text, block }) => (block ? `<pre>${escapeHtml(text.replace(/\n+$/, ""))}</pre>` : escapeHtml(text)),
@@ -46,6 +68,7 @@ purify.addHook("afterSanitizeAttributes", (node) => {
     if (!keep) node.removeAttribute("class"); // no borrowing the page's own styles
   }
   if (node.tagName === "A") {
+    if (!LINK_HREF.test(node.getAttribute("href") ?? "")) node.removeAttribute("href"); // text
     node.setAttribute("target", "_blank");
     node.setAttribute("rel", "noopener noreferrer nofollow");
   } else if (node.tagName === "INPUT") {

@@ -645,6 +645,41 @@ async def test_a_reference_link_defined_at_the_end_of_an_answer_is_a_link(
         await expect(output).not_to_contain_text("[py]")
 
 
+FOOTNOTED = (
+    "Footnote[^1] and a [relative link](note), [a page](https://example.com/page) and "
+    "[mail](mailto:someone@example.com).\n\n"
+    "[^1]: note\n"
+)
+
+
+async def test_a_footnote_keeps_its_note_and_a_relative_link_reads_as_text(
+    page: Page, relay: RelayHandle
+) -> None:
+    """A link in model text goes to an absolute http(s) or mailto address, or is not a link:
+    one relative to the page would open the relay's own pages (a 404). A GFM footnote is shown
+    as the text it is, its note included, not as a link to "note"."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Cite with a footnote")
+        turn_id = await drone.next_order()
+        for part in split(FOOTNOTED, 9):
+            await drone.text(turn_id, part)
+        await drone.complete(turn_id, True, "done")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+
+        output = turn.locator(".turn-output")
+        links = output.locator("a")
+        await expect(links).to_have_text(["a page", "mail"])
+        hrefs = await links.evaluate_all("(els) => els.map((a) => a.getAttribute('href'))")
+        assert hrefs == ["https://example.com/page", "mailto:someone@example.com"]
+        await expect(output.locator("p")).to_have_text(
+            [
+                "Footnote[^1] and a relative link, a page and mail.",
+                "[^1]: note",
+            ]
+        )
+
+
 DEEP = "before\n\n" + ">" * 5000 + " deep\n\nafter the deep quote\n"
 """Quotes nested deeper than marked can follow: it runs out of stack (from about 3,000)."""
 
