@@ -109,10 +109,10 @@ class Reaper:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
         self.delivering: set[str] = set()
+        """Turns whose drone said it finished them while an abort watchdog waits for their end."""
         self.stopping = False
         """The relay stops: the drones it drops take their turns elsewhere, or here once it is
         back (another relay's sweep, or its own at its next start, ends those none takes)."""
-        """Turns whose drone said it finished them while an abort watchdog waits for their end."""
         self.missing_since: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._tick: Callable[[], None] = lambda: None
