@@ -70,7 +70,6 @@ ACCEPTED_REMEMBERED = 10_000
 """Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
-INVALID_ANSWER = "The drone gave an invalid answer to the abort."
 EMPTY_PROMPT = "The prompt is empty: it has nothing to read."
 REQUEST_ID_TAKEN = "This request id was already used for another prompt; make a new one."
 ABORT_ANSWER = 2.0
@@ -279,8 +278,8 @@ class TurnLifecycle(TurnEndings):
             answer = await self.directory.call(
                 ABORT_WORK_ORDER, order.wire(), route, within=self.abort_answer
             )
-            success, message = _abort_answer(answer, order.mode)
-            if message == INVALID_ANSWER:
+            known = _abort_answer(answer, order.mode)
+            if known is None:
                 log.warning(
                     "abort turn=%s drone=%s: an answer no drone gives (%s); ended by the relay",
                     turn_id,
@@ -299,6 +298,7 @@ class TurnLifecycle(TurnEndings):
         finally:
             # Marked just before the ack goes out: a completion waiting on it is sent after it.
             await self.live_state.abort_answered(turn_id)
+        success, message = known
         self.metrics.abort_latency.observe(time.monotonic() - requested_at)
         log.info(
             "abort turn=%s drone=%s answer=%s %r in %.1f ms",
@@ -390,9 +390,7 @@ ANSWERS = {
 "after this step" when it stops the turn at once (an abort of it was under way)."""
 
 
-def _abort_answer(answer: Any, mode: str) -> tuple[bool, str]:
-    """The drone's answer, or ``(False, INVALID_ANSWER)`` for one no drone gives."""
+def _abort_answer(answer: Any, mode: str) -> tuple[bool, str] | None:
+    """The drone's answer, or None for one no drone gives."""
     pair = tuple(answer) if isinstance(answer, (list, tuple)) else None
-    if pair in ANSWERS[mode]:
-        return bool(pair[0]), str(pair[1])
-    return False, INVALID_ANSWER
+    return next((known for known in ANSWERS[mode] if known == pair), None)
