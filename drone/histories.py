@@ -10,6 +10,7 @@ sessions whose orders it ran, so the drone sends a worker only what it lacks as 
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from hangar.shared.protocol import ChatMessage, WorkOrder
@@ -74,17 +75,9 @@ def alternating(messages: list[ChatMessage]) -> list[ChatMessage]:
     request's JSON is still encoded only from what changed (``providers.message_json``).
     """
     result: list[ChatMessage] = []
-    start = 0
-    while start < len(messages):
-        end = start + 1
-        if messages[start].role == "user":
-            while end < len(messages) and messages[end].role == "user":
-                end += 1
-        if end - start == 1:
-            result.append(messages[start])
-        else:
-            result.append(_merge(messages[start:end]))
-        start = end
+    for user, group in itertools.groupby(messages, key=lambda message: message.role == "user"):
+        run = list(group)
+        result += [_merge(run)] if user and len(run) > 1 else run
     return result
 
 
