@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -70,6 +72,25 @@ async def measure(store: TurnStore, args: argparse.Namespace) -> list[list[objec
         await store.close()
 
 
+@contextlib.asynccontextmanager
+async def own_postgres(name: str) -> AsyncIterator[str | None]:
+    """A PostgreSQL database of the benchmark's own, ``name``, made anew and dropped after: its
+    URL, or None (said) when no server answers at ``POSTGRES``."""
+    try:
+        admin = await asyncpg.connect(POSTGRES, timeout=5)
+    except (OSError, asyncpg.PostgresError) as error:
+        print(f"PostgreSQL skipped: {error}")
+        yield None
+        return
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield POSTGRES.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--sessions", type=int, default=200)
@@ -81,19 +102,9 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         store = SqliteTurnStore(str(Path(folder) / "search.db"))
         rows += [["SQLite", *row] for row in await measure(store, args)]
-    try:
-        admin = await asyncpg.connect(POSTGRES, timeout=5)
-    except (OSError, asyncpg.PostgresError) as error:
-        print(f"PostgreSQL skipped: {error}")
-    else:
-        try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            await admin.execute(f"CREATE DATABASE {DATABASE}")
-            url = POSTGRES.rsplit("/", 1)[0] + f"/{DATABASE}"
+    async with own_postgres(DATABASE) as url:
+        if url:
             rows += [["PostgreSQL", *row] for row in await measure(PostgresTurnStore(url), args)]
-        finally:
-            await admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            await admin.close()
     print(f"{args.sessions} sessions of one person, each prompt {args.chars:,} characters")
     print(table(headers, rows))
 

@@ -36,15 +36,17 @@ class LiveText:
     deltas the text comes in (a list of deltas cost ~60 bytes of objects per delta, for ever).
     """
 
-    __slots__ = ("count", "pieces")
+    __slots__ = ("count", "length", "pieces")
 
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.count = 0
+        self.length = 0
 
     def append(self, text: str) -> int:
         pieces = self.pieces
         pieces.append(text)
+        self.length += len(text)
         cut, tail = len(pieces) - 1, len(text)
         while cut > 0 and len(pieces[cut - 1]) < 2 * tail:
             cut -= 1
@@ -58,6 +60,18 @@ class LiveText:
         if len(self.pieces) > 1:
             self.pieces[:] = ["".join(self.pieces)]
         return self.pieces[0] if self.pieces else ""
+
+    def since(self, start: int) -> str:
+        """The text from character ``start`` on, in time proportional to it (not to the whole
+        text): the last pieces, the first of them cut."""
+        tail: list[str] = []
+        end = self.length
+        for piece in reversed(self.pieces):
+            if end <= start:
+                break
+            end -= len(piece)
+            tail.append(piece[start - end :] if end < start else piece)
+        return "".join(reversed(tail))
 
 
 @dataclass
@@ -176,11 +190,16 @@ class LiveState(Protocol):
 
 
 class LocalLiveState:
-    """One relay: everything in memory."""
+    """One relay: everything in memory, and the running turns' text in its database as well
+    (``running_text``)."""
 
     def __init__(self) -> None:
         self.routes: dict[str, DroneRoute] = {}
         self.texts: dict[str, LiveText] = {}
+        self.written: dict[str, int] = {}
+        """How many characters of each running turn's text are in the database."""
+        self.unwritten: set[str] = set()
+        """Turns whose text grew since it was last written."""
         self.aborts: dict[str, asyncio.Event] = {}
         self.calls: dict[str, dict[str, dict[str, Any]]] = {}
         self.subs: dict[str, list[dict[str, Any]]] = {}
@@ -227,6 +246,7 @@ class LocalLiveState:
 
     def take_kept(self, turn_id: str) -> str:
         live = self.texts.pop(turn_id, None)
+        self.written.pop(turn_id, None)
         return live.value() if live is not None else ""
 
     async def note_turn(self, turn_id: str, owner: str, session_id: str, drone_id: str) -> None:
@@ -239,7 +259,34 @@ class LocalLiveState:
         live = self.texts.get(turn_id)
         if live is None:
             live = self.texts[turn_id] = LiveText()
+        self.unwritten.add(turn_id)
         return live.append(text)
+
+    def restore(self, turn_id: str, text: str) -> None:
+        """A running turn's text as the database holds it (this relay restarted)."""
+        live = self.texts[turn_id] = LiveText()
+        live.append(text)
+        self.written[turn_id] = len(text)
+
+    def to_write(self) -> list[tuple[str, int, str]]:
+        """What of the running turns' text the database lacks: (turn, offset, text) each, taken
+        as written (``not_written`` gives it back)."""
+        pieces = []
+        for turn_id in self.unwritten:
+            live = self.texts.get(turn_id)
+            at = self.written.get(turn_id, 0)
+            if live is not None and live.length > at:
+                pieces.append((turn_id, at, live.since(at)))
+                self.written[turn_id] = live.length
+        self.unwritten.clear()
+        return pieces
+
+    def not_written(self, pieces: list[tuple[str, int, str]]) -> None:
+        """Pieces ``to_write`` gave that the database did not take: to be written again."""
+        for turn_id, at, _ in pieces:
+            if turn_id in self.texts:
+                self.written[turn_id] = min(self.written.get(turn_id, at), at)
+                self.unwritten.add(turn_id)
 
     async def text(self, turn_id: str) -> tuple[str, int]:
         live = self.texts.get(turn_id)
@@ -247,6 +294,8 @@ class LocalLiveState:
 
     async def forget_turn(self, turn_id: str, tell_others: bool = True) -> None:
         self.texts.pop(turn_id, None)
+        self.written.pop(turn_id, None)
+        self.unwritten.discard(turn_id)
         self.calls.pop(turn_id, None)
         self.subs.pop(turn_id, None)
         self.sub_chars.pop(turn_id, None)

@@ -18,7 +18,7 @@ import asyncpg
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
 from . import closing
-from .closing import DROP_LAST, SHAPES, unstored
+from .closing import DROP_LAST, DROP_PIECES, SHAPES, shape_columns, unstored
 from .pg_guard import RelayGuard, refuse_foreign
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
@@ -90,7 +90,7 @@ class PostgresTurnStore:
         return [dict(row) for row in await self.pool.fetch(_numbered(sql), *parameters)]
 
     async def execute(self, sql: str, *parameters: Any) -> int:
-        status = await self.pool.execute(_numbered(sql), *parameters)
+        status = await self.pool.execute(_numbered(sql), *_texts(parameters))
         count = status.rsplit(" ", 1)[-1]
         return int(count) if count.isdigit() else 0
 
@@ -269,6 +269,7 @@ class PostgresTurnStore:
             if row is None:
                 return None
             await _insert_messages(db, turn_id, added)
+            await db.execute(DROP_PIECES.format("$1"), turn_id)
             return replace(TurnRecord.of(dict(row)), text=_pg(text) or "")
 
     async def processing_turns(
@@ -325,8 +326,12 @@ async def _insert_messages(
     if messages:
         rows = zip(messages, numbers or [None] * len(messages), strict=True)
         await db.executemany(
-            "INSERT INTO messages (turn_id, body, number) VALUES ($1, $2::jsonb, $3)",
-            [(turn_id, json.dumps(_without_nul(m.wire())), n) for m, n in rows],
+            "INSERT INTO messages (turn_id, body, number, role, answers, calls)"
+            " VALUES ($1, $2::jsonb, $3, $4, $5, $6)",
+            [
+                (turn_id, json.dumps(_without_nul(m.wire())), n, *_texts(shape_columns(m)))
+                for m, n in rows
+            ],
         )
 
 

@@ -6,19 +6,26 @@ the core keeps no connection objects, only drone routes and live turns.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
 import socketio
 
+from . import running_text
 from .accounts import Accounts
 from .background import Background
 from .directory import DroneDirectory
 from .dispatch import Dispatcher
-from .live_state import LiveState
+from .live_state import LiveState, LocalLiveState
 from .metrics import RelayMetrics
 from .reaper import Reaper
 from .reports import DroneReports
 from .rooms import Rooms
 from .store import TurnStore
 from .turns import ABORT_ANSWER, QUEUE_LIMIT, TurnLifecycle
+
+log = logging.getLogger("hangar.relay")
 
 
 class Relay:
@@ -68,10 +75,18 @@ class Relay:
 
     async def start(self) -> None:
         await self.live_state.start()
+        if isinstance(self.live_state, LocalLiveState):  # Redis keeps it for relays sharing it
+            if restored := await running_text.restore(self.store, self.live_state):
+                log.info("running turns' text read from the database: %d", restored)
+            self.background.spawn(running_text.write_forever(self.store, self.live_state))
         self.dispatcher.start(self.turns)
         self.reaper.start(self.turns, self.dispatcher.wake)
 
     async def close(self) -> None:
         self.reaper.close()
+        if isinstance(self.live_state, LocalLiveState):  # what streamed since the last write
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await running_text.write(self.store, self.live_state)
         await self.background.close()
         await self.live_state.close()

@@ -238,6 +238,36 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
                     ORDER BY message_id));
         """,
     },
+    # A relay without Redis writes its running turns' text as it streams (``running_text``).
+    """
+    CREATE TABLE turn_pieces (
+        turn_id TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        piece TEXT NOT NULL
+    );
+    CREATE INDEX turn_pieces_turn ON turn_pieces (turn_id, at);
+    """,
+    # What a message's place in its conversation depends on, beside it (``closing.SHAPES``).
+    {
+        "postgresql": """
+        ALTER TABLE messages ADD COLUMN role TEXT;
+        ALTER TABLE messages ADD COLUMN answers TEXT;
+        ALTER TABLE messages ADD COLUMN calls TEXT;
+        UPDATE messages SET role = body->>'role', answers = body->>'toolCallId',
+            calls = (SELECT coalesce(jsonb_agg(c->'id'), '[]') FROM jsonb_array_elements(
+                CASE jsonb_typeof(body->'toolCalls') WHEN 'array' THEN body->'toolCalls'
+                ELSE '[]' END) c)::text;
+        """,
+        "sqlite": """
+        ALTER TABLE messages ADD COLUMN role TEXT;
+        ALTER TABLE messages ADD COLUMN answers TEXT;
+        ALTER TABLE messages ADD COLUMN calls TEXT;
+        UPDATE messages SET role = json_extract(body, '$.role'),
+            answers = json_extract(body, '$.toolCallId'),
+            calls = (SELECT json_group_array(json_extract(value, '$.id'))
+                FROM json_each(body, '$.toolCalls'));
+        """,
+    },
 ]
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from hangar.shared.protocol import ChatMessage, TurnStatus
 
 from . import closing
-from .closing import DROP_LAST, SHAPES, unstored
+from .closing import DROP_LAST, DROP_PIECES, SHAPES, unstored
 from .queue import CLAIM, QUEUE_ORDER, RUNNING_PER_DRONE, choose
 from .schema import migrations
 from .sqlite_file import finds, refuse_foreign, relay_lock
@@ -295,6 +295,7 @@ class SqliteTurnStore:
             if (row := written.fetchone()) is None:
                 return None
             _insert_messages(conn, turn_id, added)
+            conn.execute(DROP_PIECES.format("?"), (turn_id,))
             return replace(TurnRecord.of(dict(row)), text=text)
 
         return await self._write(update)
@@ -371,8 +372,9 @@ def _insert_messages(
     """Store ``messages``; a drone's with their ``numbers``."""
     rows = zip(messages, numbers or [None] * len(messages), strict=True)
     conn.executemany(
-        "INSERT INTO messages (turn_id, body, number) VALUES (?, ?, ?)",
-        [(turn_id, json.dumps(m.wire()), n) for m, n in rows],
+        "INSERT INTO messages (turn_id, body, number, role, answers, calls)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [(turn_id, json.dumps(m.wire()), n, *closing.shape_columns(m)) for m, n in rows],
     )
 
 

@@ -13,10 +13,12 @@ from typing import Any
 import asyncpg
 import pytest
 
+from hangar.server.closing import MessageRefused
 from hangar.server.pg_guard import ForeignDatabase
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.schema import migrations
 from hangar.server.sqlite_store import MIGRATIONS, SqliteTurnStore
+from hangar.shared.protocol import ChatMessage
 
 
 @dataclass(frozen=True)
@@ -242,14 +244,47 @@ TWICE = [
 ]
 """Turns stored before an answer was stored once: each answer in the turn's text and again in
 its messages."""
+ANSWERS_ONCE = next(
+    number for number, script in enumerate(MIGRATIONS, 1) if "group_concat(said" in script
+)
+"""The migration that stores answers once."""
+
+
+Inserts = list[tuple[str, list[tuple[Any, ...]]]]
+
+
+async def old_store(
+    kind: str, tmp_path: Path, postgres_url: str, before: int, inserts: Inserts
+) -> SqliteTurnStore | PostgresTurnStore:
+    """A store of ``kind`` as version ``before`` left it, holding ``inserts`` (not opened)."""
+    if kind == "sqlite":
+        path = tmp_path / "old.db"
+        db = sqlite3.connect(path)
+        db.executescript("".join(migrations("sqlite")[:before]) + f"PRAGMA user_version={before};")
+        for sql, rows in inserts:
+            db.executemany(sql, rows)
+        db.commit()
+        db.close()
+        return SqliteTurnStore(path)
+    pg = await asyncpg.connect(postgres_url)
+    for script in migrations("postgresql")[:before]:
+        await pg.execute(script)
+    await pg.execute("CREATE TABLE hangar_schema (version INTEGER NOT NULL)")
+    await pg.execute("INSERT INTO hangar_schema (version) VALUES ($1)", before)
+    for sql, rows in inserts:
+        *parts, last = sql.split("?")
+        numbered = "".join(f"{part}${n}" for n, part in enumerate(parts, 1)) + last
+        await pg.executemany(numbered.replace("$2)", "$2::jsonb)"), rows)
+    await pg.close()
+    return PostgresTurnStore(postgres_url)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_answers_stored_twice_by_an_earlier_version_are_kept_once_and_read_the_same(
     tmp_path: Path, postgres_url: str, kind: str
 ) -> None:
-    before = len(MIGRATIONS) - 1  # the version before answers were stored once
-    inserts: list[tuple[str, list[tuple[Any, ...]]]] = [
+    before = ANSWERS_ONCE - 1  # the version before answers were stored once
+    inserts: Inserts = [
         ("INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
          [("s_1", "alice", "Old", 1.0)]),
         ("INSERT INTO turns (turn_id, session_id, owner, prompt, status, text, created_at)"
@@ -261,28 +296,7 @@ async def test_answers_stored_twice_by_an_earlier_version_are_kept_once_and_read
           for turn, _, _, said, _ in TWICE
           for role, content in [("user", "Hi"), *(("assistant", s) for s in said)]]),
     ]  # fmt: skip
-    if kind == "sqlite":
-        path = tmp_path / "old.db"
-        db = sqlite3.connect(path)
-        db.executescript("".join(migrations("sqlite")[:before]) + f"PRAGMA user_version={before};")
-        for sql, rows in inserts:
-            db.executemany(sql, rows)
-        db.commit()
-        db.close()
-        store: SqliteTurnStore | PostgresTurnStore = SqliteTurnStore(path)
-    else:
-        pg = await asyncpg.connect(postgres_url)
-        for script in migrations("postgresql")[:before]:
-            await pg.execute(script)
-        await pg.execute("CREATE TABLE hangar_schema (version INTEGER NOT NULL)")
-        await pg.execute("INSERT INTO hangar_schema (version) VALUES ($1)", before)
-        for sql, rows in inserts:
-            *parts, last = sql.split("?")
-            numbered = "".join(f"{part}${n}" for n, part in enumerate(parts, 1)) + last
-            await pg.executemany(numbered.replace("$2)", "$2::jsonb)"), rows)
-        await pg.close()
-        store = PostgresTurnStore(postgres_url)
-
+    store = await old_store(kind, tmp_path, postgres_url, before, inserts)
     await store.open()
     try:
         [turns, kept] = [
@@ -298,3 +312,46 @@ async def test_answers_stored_twice_by_an_earlier_version_are_kept_once_and_read
     assert [(row["turn_id"], row["text"]) for row in kept] == [
         (turn, keeps) for turn, _, _, _, keeps in TWICE
     ]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_turn_running_across_the_upgrade_that_stores_message_shapes_goes_on(
+    tmp_path: Path, postgres_url: str, kind: str
+) -> None:
+    """Each message's role, the call it answers and the calls it makes are stored beside it
+    (read from its body, a reply of 900 calls was parsed whole for each result): the messages
+    stored before get them too, so the running turn's next result is checked as before."""
+    before = len(MIGRATIONS) - 1
+    calls = [{"id": f"c{n}", "name": "read_file", "arguments": "{}"} for n in (1, 2)]
+    bodies = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "", "toolCalls": calls},
+        {"role": "tool", "content": "one", "toolCallId": "c1", "name": "read_file"},
+    ]
+    inserts: Inserts = [
+        ("INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
+         [("s_1", "alice", "Old", 1.0)]),
+        ("INSERT INTO turns (turn_id, session_id, owner, prompt, status, created_at)"
+         " VALUES (?, ?, ?, ?, ?, ?)", [("t_1", "s_1", "alice", "Hi", "processing", 2.0)]),
+        ("INSERT INTO messages (turn_id, body, number) VALUES (?, ?, ?)",
+         [("t_1", json.dumps(body), number) for number, body in enumerate(bodies)]),
+    ]  # fmt: skip
+    store = await old_store(kind, tmp_path, postgres_url, before, inserts)
+    await store.open()
+    try:
+        with pytest.raises(MessageRefused, match="answers no call"):
+            await store.add_message("t_1", tool_result("c1"), 3)  # answered already
+        with pytest.raises(MessageRefused, match="need their results"):
+            await store.add_message("t_1", ChatMessage(role="assistant", content="Done."), 3)
+        assert await store.add_message("t_1", tool_result("c2"), 3)
+        assert await store.add_message("t_1", ChatMessage(role="assistant", content="Done."), 4)
+        turn = await store.get_turn("t_1")
+    finally:
+        await store.close()
+
+    assert turn is not None
+    assert [m.role for m in turn.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+def tool_result(call_id: str) -> ChatMessage:
+    return ChatMessage(role="tool", content="two", tool_call_id=call_id, name="read_file")

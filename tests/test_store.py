@@ -12,8 +12,10 @@ from typing import TypeVar, cast
 
 import pytest
 
+from hangar.server import running_text
 from hangar.server.closing import MessageRefused
 from hangar.server.histories import session_history
+from hangar.server.live_state import LocalLiveState
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.sqlite_store import SqliteTurnStore
 from hangar.server.store import (
@@ -741,3 +743,51 @@ async def test_text_with_nul_characters_is_kept_as_a_replacement_on_postgres(
     assert stored.messages == [kept, kept]
     session = await store.get_session("s_2")
     assert session is not None and session.title == f"nul {nul} title"
+
+
+async def test_a_running_turns_text_is_written_as_it_grows_read_back_whole_and_dropped_at_its_end(
+    store: TurnStore, location: Location
+) -> None:
+    """docs/reliability.md, "a relay that dies": a relay without Redis writes its running turns'
+    text as it streams (only what is new each time), and a restarted one reads it back."""
+    nul = "\x00" if location.kind == "sqlite" else "\ufffd"
+    await new_session(store, "s_1")
+    await new_session(store, "s_2")
+    await new_turn(store, "t_1", "s_1")
+    await new_turn(store, "t_2", "s_2")
+    live = LocalLiveState()
+    deltas = ["Hello, ", "wörld 🚀", " and \x00", " more"]
+    for delta in deltas:
+        await live.append_text("t_1", delta)
+        await live.append_text("t_2", delta.upper())
+        await running_text.write(store, live)
+    await running_text.write(store, live)  # nothing new: nothing written
+    whole = "".join(deltas)
+    rows = await store.fetch("SELECT piece FROM turn_pieces WHERE turn_id = ? ORDER BY at", "t_1")
+    assert [row["piece"] for row in rows] == [d.replace("\x00", nul) for d in deltas]
+
+    # A write whose answer was lost, sent again, is read once.
+    await store.execute(running_text.insert_sql(1), "t_1", 7, "wörld 🚀")
+    assert await end(store, "t_2", "aborted", "Aborted", whole.upper()) is True
+    restarted = LocalLiveState()
+    assert await running_text.restore(store, restarted) == 1
+    assert await restarted.text("t_1") == (whole.replace("\x00", nul), 1)
+    assert await restarted.text("t_2") == ("", 0)
+
+    await restarted.append_text("t_1", "!")  # it goes on from there
+    await running_text.write(store, restarted)
+    ended = await store.end_turn(
+        "t_1", Ending("error", "The relay restarted.", "relay_restarted", text=whole + "!")
+    )
+    assert ended is not None and ended.text == (whole + "!").replace("\x00", nul)
+    assert await store.fetch("SELECT * FROM turn_pieces") == []
+    await running_text.write(store, live)  # a write as a turn ends stores nothing
+    await live.append_text("t_1", "late")
+    await running_text.write(store, live)
+    assert await store.fetch("SELECT * FROM turn_pieces") == []
+    stored = await store.get_turn("t_1")
+    assert stored is not None
+    assert [(m.role, m.content) for m in stored.messages] == [
+        ("user", "Hi"),
+        ("assistant", (whole + "!").replace("\x00", nul)),
+    ]
