@@ -249,6 +249,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a model stream may bring nothing of its answer before it is closed and "
         "the work order ends in error (HANGAR_STALL; default %(default)s; 0 for none)",
     )
+    add_setting(
+        parser,
+        "--status-line",
+        env="HANGAR_STATUS_LINE",
+        default="on",
+        check=on_or_off,
+        help="on: a live status line when standard error is a terminal; off: log lines only "
+        "(HANGAR_STATUS_LINE; default %(default)s)",
+    )
 
 
 def config_from(args: argparse.Namespace) -> DroneConfig:
@@ -280,6 +289,13 @@ NO_API_KEY = (
 )
 
 
+def on_or_off(text: str) -> bool:
+    """``--status-line``: on or off (in any case)."""
+    if text.strip().lower() not in ("on", "off"):
+        raise ValueError(f"expected on or off, got {text!r}.")
+    return text.strip().lower() == "on"
+
+
 def provider(text: str) -> str:
     if text not in PROVIDERS:
         raise ValueError(f"expected one of {', '.join(PROVIDERS)}, got {text!r}.")
@@ -297,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
     if config.provider == "openai" and not (config.api_key or config.base_url):
         print(NO_API_KEY, file=sys.stderr)  # every turn would fail, 401, once it came
         return 2
-    live_status = sys.stderr.isatty() and os.environ.get("HANGAR_STATUS_LINE", "").lower() != "off"
+    live_status = sys.stderr.isatty() and args.status_line
 
     async def main() -> int:
         root = AbortController()

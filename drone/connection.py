@@ -38,6 +38,7 @@ from hangar.shared.protocol import (
     WorkOrder,
     describe,
 )
+from hangar.shared.shown import without_password
 from hangar.shared.wire import MAX_ORDER_BYTES, cut
 
 from .delivery import CONFIRM_TIMEOUT, Deliveries
@@ -247,7 +248,6 @@ class RelayConnection:
                     auth=self.hello,
                     namespaces=[DRONE_NAMESPACE],
                     transports=["websocket"],
-                    wait_timeout=10,
                 )
             except socketio.exceptions.ConnectionError:
                 if self.refusal:
@@ -262,7 +262,8 @@ class RelayConnection:
         http = self.sio.eio.http  # engineio leaves its HTTP session open after a failed connect
         if http is not None and not http.closed:
             await http.close()
-        raise ConnectionError(f"Cannot reach the relay at {', '.join(self.urls)}.")
+        where = ", ".join(map(without_password, self.urls))
+        raise ConnectionError(f"Cannot reach the relay at {where}.")
 
     async def wait_refused(self) -> str:
         """Return when a reconnect is refused (the token was revoked, say)."""

@@ -7,7 +7,8 @@ import logging
 import sys
 from typing import Protocol
 
-from hangar.shared.cli import LOG_FORMAT
+from hangar.shared.logs import OneLine
+from hangar.shared.shown import without_password
 
 
 class Connection(Protocol):
@@ -32,12 +33,13 @@ class StatusLine(logging.Handler):
         super().__init__()
         self.connection = connection
         self.work = work
-        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.setFormatter(OneLine())
 
     def text(self) -> str:
         state = "connected to" if self.connection.connected.is_set() else "reconnecting to"
         return (
-            f"hangar drone · {state} {self.connection.url} · {len(self.work.running_ids())}"
+            f"hangar drone · {state} {without_password(self.connection.url)} · "
+            f"{len(self.work.running_ids())}"
             f" running · {self.connection.chunks_streamed} chunks streamed"
         )
 

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import configure_logging
+from hangar.shared.logs import configure_logging
 from hangar.shared.protocol import Ending, WorkOrder
 
 from .config import DroneConfig, make_provider

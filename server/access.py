@@ -48,6 +48,8 @@ from .connections import UNAVAILABLE
 from .limits import QuietLog
 
 log = logging.getLogger("hangar.relay")
+ORIGIN_REFUSED = "hangar.origin_refused"
+"""Set in a request's environ once its origin's refusal is logged."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 revocation_failures = QuietLog(log)
 request_failures = QuietLog(log)
@@ -183,7 +185,9 @@ class Access:
         own = f"{environ.get('wsgi.url_scheme', 'http')}://{environ.get('HTTP_HOST', '')}"
         if origin == own or origin in self.allowed_origins:
             return True
-        log.info("refused a connection from the origin %r", origin[:200])
+        if not environ.get(ORIGIN_REFUSED):  # engine.io asks again for its refusal's headers
+            environ[ORIGIN_REFUSED] = True
+            log.info("refused a connection from the origin %r", origin[:200])
         return False
 
     def _request_origin_allowed(self, request: web.Request) -> bool:

@@ -18,12 +18,14 @@ from typing import Any, Literal
 from hangar.shared.protocol import DRONE_NAME_PATTERN, DRONE_TOKEN_PREFIX, drone_name_of
 
 from .passwords import AccountError as AccountError
+from .passwords import NotValid as NotValid
 from .passwords import dummy_hash, hash_password, verify_password
 from .store import Database
 
 Role = Literal["admin", "member"]
 USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 DRONE_NAME = re.compile(DRONE_NAME_PATTERN)
+MAX_LABEL = 200
 LOGIN_SECONDS = 14 * 24 * 3600
 """How long a login lasts."""
 FAILURE_WINDOW = 15 * 60
@@ -103,7 +105,7 @@ class Accounts:
     async def check_new_name(self, name: str) -> None:
         """Raise ``AccountError`` unless ``name`` may be given to a new person."""
         if not USER_NAME.fullmatch(name):
-            raise AccountError(
+            raise NotValid(
                 "A user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
                 "letter or digit."
             )
@@ -212,6 +214,11 @@ class Accounts:
     # ---- personal API tokens (socket.io ``auth.token`` for scripts)
 
     async def create_api_token(self, name: str, label: str = "") -> str:
+        if len(label) > MAX_LABEL or not label.isprintable():  # a line of ``token list``
+            raise NotValid(
+                f"A label is one line of at most {MAX_LABEL} characters, with no tabs or "
+                "control characters."
+            )
         user = await self.user(name)
         if user is None:
             raise AccountError(f"There is no user named {name!r}.")
@@ -262,7 +269,7 @@ class Accounts:
 
     async def create_drone_token(self, name: str) -> str:
         if not DRONE_NAME.fullmatch(name):
-            raise AccountError(
+            raise NotValid(
                 "A drone name is 1-64 letters, digits, '_' or '-', starting with a letter or digit."
             )
         rows = await self.db.fetch(

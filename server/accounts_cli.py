@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable
 from hangar.shared.cli import add_log_level, add_setting, database
 from hangar.shared.shown import shown
 
-from .accounts import AccountError, Accounts
+from .accounts import AccountError, Accounts, NotValid
 from .app import open_store
 from .passwords import refuse_weak
+from .sqlite_file import new_file, remove_new
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,7 +123,11 @@ def run(args: argparse.Namespace) -> int:
         except AccountError as error:
             print(f"{prefix}: {error}", file=sys.stderr)
             return 2
-    return asyncio.run(_with_accounts(prefix, args, action, args.database))
+    made = new_file(args.database)
+    code = asyncio.run(_with_accounts(prefix, args, action, args.database))
+    if code:
+        remove_new(made)  # a refused name makes no database
+    return code
 
 
 async def _with_accounts(
@@ -141,7 +146,7 @@ async def _with_accounts(
         return await action(Accounts(store), args)
     except AccountError as error:
         print(f"{prefix}: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, NotValid) else 1
     finally:
         await store.close()
 
@@ -157,8 +162,10 @@ async def _before_password(accounts: Accounts, args: argparse.Namespace) -> int:
 
 def _read_password(from_stdin: bool) -> str:
     if from_stdin:
+        if sys.stdin is None:  # closed (``<&-``)
+            raise AccountError("No password was given.")
         password = sys.stdin.readline().rstrip("\r\n")
-    elif sys.stdin.isatty():
+    elif sys.stdin is not None and sys.stdin.isatty():
         try:
             password = getpass.getpass("Password: ")
             if getpass.getpass("Password again: ") != password:
@@ -225,7 +232,10 @@ async def _token_create(accounts: Accounts, args: argparse.Namespace) -> int:
 
 
 async def _token_list(accounts: Accounts, args: argparse.Namespace) -> int:
-    for label, created_at in await accounts.api_tokens(args.name):
+    tokens = await accounts.api_tokens(args.name)
+    if not tokens:
+        print(f"{args.name} has no API tokens yet: make one with hangar token create {args.name}.")
+    for label, created_at in tokens:
         print(f"{label or NO_LABEL}\t{_date(created_at)}")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import logging
 import sys
 
@@ -26,6 +27,7 @@ from hangar.shared.shown import shown
 
 from .access import networks
 from .app import RELAY, SHUTDOWN_WAIT, RelayConfig, build_app
+from .sqlite_file import new_file, remove_new
 
 log = logging.getLogger("hangar")
 
@@ -72,7 +74,19 @@ def listen_host(text: str) -> str:
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not host or any(c.isspace() or c in "/[]" for c in host):
         raise ValueError(f"expected a name or address to listen on, got {text!r}.")
+    if ":" in host and not _ipv6(host):  # host:port
+        raise ValueError(
+            f"expected a name or address to listen on (the port is --port), got {text!r}."
+        )
     return host
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def relay_url(host: str, port: int) -> str:
@@ -252,7 +266,7 @@ def cannot_open(config: RelayConfig, error: BaseException) -> str:
     said = " ".join(str(error).split()) or type(error).__name__
     if type(error).__module__.split(".")[0] == "redis":
         return f"cannot reach Redis: {said}"
-    if "://" in config.database:
+    if "://" in config.database.removeprefix("sqlite:///"):
         return f"cannot open the database: {said}"
     return f"cannot open the database {shown(config.database)}: {said}"
 
@@ -260,13 +274,16 @@ def cannot_open(config: RelayConfig, error: BaseException) -> str:
 async def serve(config: RelayConfig, token_was_given: bool) -> int:
     root = AbortController()
     runtime.abort_on_signals(root, AbortError(SHUTDOWN, cause="shutdown"))
+    made = new_file(config.database)  # a relay that cannot start leaves no database behind
     try:
         async with root.signal.scope():  # Ctrl-C while the database does not answer
             runner, port = await start_relay(config)
     except RelayStartError as error:
+        remove_new(made)
         print(f"hangar serve: {error}", file=sys.stderr)
         return 1
     except AbortError:
+        remove_new(made)
         return 0
     print(f"Hangar relay listening on {relay_url(config.host, port)}/", flush=True)
     relay = runner.app[RELAY]

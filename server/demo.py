@@ -37,6 +37,7 @@ from .cli import (
     start_relay,
 )
 from .demo_model import DEMO_MODEL, DEMO_PATH
+from .sqlite_file import new_file, remove_new
 
 log = logging.getLogger("hangar")
 
@@ -97,6 +98,12 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     config.demo_model = not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OLLAMA_HOST"))
     if is_loopback(config.host):
         config.demo_user = DEMO_USER
+    made = new_file(config.database)
+
+    def refused(code: int) -> int:
+        remove_new(made)  # a demo that cannot start leaves no database behind
+        return code
+
     try:
         async with root.signal.scope():  # Ctrl-C while the database does not answer
             people = await _people(config)
@@ -105,7 +112,7 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
                     p.name != DEMO_USER or p.has_password or not p.admin
                 ):
                     print(TAKEN.format(p.name), file=sys.stderr)
-                    return 2
+                    return refused(2)
             if not is_loopback(config.host) and not people:
                 print(
                     f"hangar demo: on {config.host} the page is open to the network and needs "
@@ -113,13 +120,13 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
                     f"{shown(config.database)}",
                     file=sys.stderr,
                 )
-                return 2
+                return refused(2)
             runner, port = await start_relay(config)
     except RelayStartError as error:
         print(f"hangar demo: {error}", file=sys.stderr)
-        return 1
+        return refused(1)
     except AbortError:
-        return 0
+        return refused(0)
     accounts = runner.app[RELAY].accounts
     base = relay_url(config.host, port)
     arguments, label = demo_drone_arguments(base, model)
@@ -163,7 +170,13 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         await asyncio.wait((stopped, exited), return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         exited.cancel()
-        return 0 if root.signal.aborted else 1
+        if root.signal.aborted:
+            return 0
+        print(
+            f"hangar demo: its drone stopped ({_how(drone.returncode)}), so the demo stops too.",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         await _stop_child(drone)
         try:  # its visitors' logins and its drone's token end with it (not on a team's relay)
@@ -175,6 +188,13 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         await runner.cleanup()
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _how(code: int | None) -> str:
+    """How a child process ended, as its exit code says."""
+    if code is not None and code < 0:
+        return f"by the signal {signal.Signals(-code).name}"
+    return f"with exit code {code}"
 
 
 async def _people(config: RelayConfig) -> list[User]:

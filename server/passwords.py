@@ -17,6 +17,11 @@ class AccountError(Exception):
     """A command cannot be done; the message is a sentence for the person."""
 
 
+class NotValid(AccountError):
+    """What was given (a name, a label, a password) cannot be taken, whatever the database
+    holds: a command says so with exit code 2, as for any setting refused."""
+
+
 @functools.cache
 def dummy_hash() -> str:
     """What an unknown name's password is checked against, so it takes as long."""
@@ -24,14 +29,20 @@ def dummy_hash() -> str:
 
 
 MIN_PASSWORD_CHARS = 8
+MAX_PASSWORD_CHARS = 1024
+"""Far more than any person types, and far less than the login page's form may send (1 MB)."""
 
 
 def refuse_weak(password: str) -> None:
-    """Raise ``AccountError`` for a password no person may have."""
+    """Raise ``NotValid`` for a password no person may have."""
     if not password:
-        raise AccountError("A password cannot be empty.")
+        raise NotValid("A password cannot be empty.")
     if len(password) < MIN_PASSWORD_CHARS:
-        raise AccountError(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
+        raise NotValid(f"A password needs at least {MIN_PASSWORD_CHARS} characters.")
+    if len(password) > MAX_PASSWORD_CHARS:
+        raise NotValid(f"A password has at most {MAX_PASSWORD_CHARS} characters.")
+    if password.isspace():
+        raise NotValid("A password cannot be only white space.")
 
 
 async def hash_password(password: str) -> str:

@@ -3,6 +3,7 @@ file that is not this Hangar's, and the search function the file's connections a
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -27,6 +28,22 @@ def relay_lock(path: str) -> int:
             "share a PostgreSQL database)."
         ) from None
     return fd
+
+
+def new_file(database: str) -> str | None:
+    """The SQLite file ``database`` names, if there is none yet: a command refused after it was
+    made removes it (``remove_new``), so that a refusal leaves nothing behind."""
+    path = database.removeprefix("sqlite:///")
+    if "://" in path or path == ":memory:" or os.path.lexists(path):
+        return None
+    return path
+
+
+def remove_new(path: str | None) -> None:
+    """Remove the SQLite file ``new_file`` found missing, with its journal files."""
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal") if path else ():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
 
 
 class StoreInUseError(Exception):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import math
 import os
 import sqlite3
@@ -29,6 +28,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
+from .logs import configure_logging
 from .runtime import UnknownEventLoop
 from .shown import without_password
 
@@ -40,13 +40,7 @@ PARTS = {
     "drone-token": "hangar.server.accounts_cli",
     "drone": "hangar.drone.cli",
 }
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "ollama")
-"""The model SDKs and their HTTP stacks: a line per request at INFO. Shown at DEBUG only."""
-CLIENT_LOGGERS = ("engineio.client", "socketio.client")
-SERVER_LOGGERS = ("engineio.server", "socketio.server")
-"""python-socketio's and python-engineio's loggers (see ``configure_logging``)."""
 
 
 def hangar_version() -> str:
@@ -223,8 +217,6 @@ def directory(text: str) -> str:
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 RELAY_TABLES = {"users", "logins", "drone_tokens"}
-LOOKED_AT = 1000
-"""Entries of a work directory looked at for a relay's database, at most."""
 
 
 def work_directory(text: str) -> str:
@@ -258,7 +250,7 @@ def relay_database_in(folder: Path) -> Path | None:
     """A relay's SQLite database directly in ``folder``, if there is one."""
     try:
         with os.scandir(folder) as entries:
-            for _, entry in zip(range(LOOKED_AT), entries, strict=False):
+            for entry in entries:  # every one: the database may come last of very many
                 if entry.is_file(follow_symlinks=False) and _is_relay_database(entry.path):
                     return Path(entry.path)
     except OSError as error:
@@ -293,6 +285,8 @@ def database(text: str) -> str:
     path = Path(text.removeprefix("sqlite:///"))
     if path.is_dir():
         raise ValueError(f"{text!r} is a directory, not a SQLite file.")
+    if path.exists() and not path.is_file():  # a named pipe's open would wait for a writer
+        raise ValueError(f"{text!r} is not a file (a pipe or a device), so not a SQLite file.")
     if not path.parent.is_dir():
         raise ValueError(f"there is no folder {str(path.parent)!r} for the SQLite file {text!r}.")
     return text
@@ -316,46 +310,6 @@ def add_log_level(parser: argparse.ArgumentParser, top: bool = False) -> None:
         check=log_level,
         help="debug, info, warning or error (HANGAR_LOG_LEVEL; default info)",
     )
-
-
-class TransportNotes(logging.Filter):
-    """What python-socketio's client says about its connection is DEBUG.
-
-    It logs a connection that went away as an ERROR ("packet queue is empty, aborting" when
-    a relay stops answering), and the drone logs what that means itself, in its own words. A
-    handler's exception, logged with its traceback, keeps its level.
-    """
-
-    def __init__(self, shown: int) -> None:
-        super().__init__()
-        self.shown = shown
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info is None:
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return record.levelno >= self.shown
-
-
-def configure_logging(level: str) -> None:
-    """One format for every line, the libraries' per-request chatter only at DEBUG.
-
-    Call before a socket.io client or server exists: python-socketio gives a logger whose level
-    is not set a handler of its own, which writes unformatted lines across the drone's status
-    line.
-    """
-    logging.basicConfig(level=level, format=LOG_FORMAT)
-    logging.captureWarnings(True)
-    shown = logging.getLevelName(level)
-    debug = shown <= logging.DEBUG
-    for name in HTTP_LOGGERS:
-        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
-    for name in (*CLIENT_LOGGERS, *SERVER_LOGGERS):
-        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.ERROR)
-    for name in CLIENT_LOGGERS:
-        logger = logging.getLogger(name)
-        for old in [f for f in logger.filters if isinstance(f, TransportNotes)]:
-            logger.removeFilter(old)
-        logger.addFilter(TransportNotes(shown))
 
 
 def parser(parts: list[ModuleType]) -> Parser:

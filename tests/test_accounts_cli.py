@@ -134,7 +134,7 @@ async def test_a_name_the_command_cannot_take_is_refused_before_the_password_is_
 
     assert nobody == (1, "", "hangar user passwd: There is no user named 'nobody'.\n")
     assert twice == (1, "", "hangar user add: A user named 'ada' already exists.\n")
-    assert bad[0] == 1 and bad[2].startswith("hangar user add: A user name is 1-64 letters")
+    assert bad[0] == 2 and bad[2].startswith("hangar user add: A user name is 1-64 letters")
 
 
 async def test_the_last_admin_is_not_removed_while_others_have_accounts(tmp_path: Path) -> None:
@@ -164,9 +164,10 @@ async def test_account_commands_refuse_bad_input_in_one_line(tmp_path: Path) -> 
 
     cases = [
         (("user", "add", "ada", "--no-password"), 1, "A user named 'ada' already exists."),
-        (("user", "add", "bad name!", "--no-password"), 1, "A user name is 1-64 letters"),
-        (("user", "add", "nl\n", "--no-password"), 1, "A user name is 1-64 letters"),
-        (("drone-token", "create", "dr\n"), 1, "A drone name is 1-64 letters"),
+        # What was given is not valid: 2, as for a password refused; what cannot be done: 1.
+        (("user", "add", "bad name!", "--no-password"), 2, "A user name is 1-64 letters"),
+        (("user", "add", "nl\n", "--no-password"), 2, "A user name is 1-64 letters"),
+        (("drone-token", "create", "dr\n"), 2, "A drone name is 1-64 letters"),
         (("user", "add", "eve"), 2, "Give the password on standard input with --password-stdin."),
         (("user", "remove", "nobody"), 1, "There is no user named 'nobody'."),
         (("token", "create", "nobody"), 1, "There is no user named 'nobody'."),
@@ -282,6 +283,22 @@ async def test_a_command_that_only_reads_or_changes_accounts_makes_no_database(
     assert not typo.exists()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("user", "add", "no name", "--no-password"), ("drone-token", "create", "no name")],
+    ids=["user add", "drone-token create"],
+)
+async def test_a_name_refused_makes_no_database(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """A refused name left an empty database behind, which the next command then took for
+    the relays' own."""
+    typo = tmp_path / "new.db"
+
+    code, out, err = await hangar(*command, "--database", str(typo))
+
+    assert (code, out) == (2, "") and "name is 1-64 letters" in err
+    assert os.listdir(tmp_path) == []
+
+
 async def test_a_short_password_makes_no_database(tmp_path: Path) -> None:
     typo = tmp_path / "new.db"
 
@@ -321,6 +338,7 @@ async def test_the_demo_on_a_network_address_needs_accounts(tmp_path: Path) -> N
         "hangar demo: on 0.0.0.0 the page is open to the network and needs accounts: add one "
         f"with hangar user add NAME --admin --database {db}"
     ]
+    assert os.listdir(tmp_path) == []  # nor is a database left that it would have used
 
 
 def _at_the_password_prompt(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -381,3 +399,74 @@ def test_leaving_the_password_prompt_is_one_line_and_adds_no_one(tmp_path: Path,
     else:
         assert code == 2 and "No password was given." in said
     assert not (tmp_path / "hangar.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        ([], "Give the password on standard input with --password-stdin."),
+        (["--password-stdin"], "No password was given."),
+    ],
+    ids=["prompt", "password-stdin"],
+)
+async def test_a_password_asked_for_with_standard_input_closed_gets_one_line(
+    tmp_path: Path, arguments: list[str], line: str
+) -> None:
+    """``hangar user add NAME <&-``: Python has no ``sys.stdin`` then, and the command failed
+    with a traceback."""
+    db = str(tmp_path / "hangar.db")
+    process = await asyncio.create_subprocess_exec(
+        *HANGAR, "user", "add", "ada", *arguments, "--database", db,
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+
+    assert (process.returncode, out, err) == (2, b"", f"hangar user add: {line}\n".encode())
+    assert not (tmp_path / "hangar.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("password", "line"),
+    [
+        (" " * 12, "A password cannot be only white space."),
+        ("x" * 1_025, "A password has at most 1024 characters."),
+    ],
+    ids=["white-space", "too-long"],
+)
+async def test_a_password_no_one_could_log_in_with_or_guess_less_is_refused(
+    tmp_path: Path, password: str, line: str
+) -> None:
+    """Twelve spaces were taken; so was a password of 10 MB, which the login page, whose form
+    takes at most 1 MB, could never send."""
+    db = str(tmp_path / "hangar.db")
+
+    refused = await hangar(
+        "user", "add", "ada", "--password-stdin", "--database", db, stdin=password + "\n"
+    )
+
+    assert refused == (2, "", f"hangar user add: {line}\n")
+
+
+@pytest.mark.parametrize("label", ["a\tb", "two\nlines", "\x1b[2J", "x" * 201])
+async def test_a_token_label_is_one_line_of_at_most_200_characters(
+    tmp_path: Path, label: str
+) -> None:
+    """A tab or a line break in a label broke ``hangar token list``'s lines, and a label had
+    no length limit."""
+    db = str(tmp_path / "hangar.db")
+    assert (await hangar("user", "add", "ada", "--no-password", "--database", db))[0] == 0
+
+    refused = await hangar("token", "create", "ada", "--label", label, "--database", db)
+
+    assert refused == (
+        2,
+        "",
+        "hangar token create: A label is one line of at most 200 characters, with no tabs or "
+        "control characters.\n",
+    )
+    assert await hangar("token", "list", "ada", "--database", db) == (
+        0,
+        "ada has no API tokens yet: make one with hangar token create ada.\n",
+        "",
+    )

@@ -36,6 +36,7 @@ from tests.conftest import (
     eventually,
     relay_folder,
 )
+from tests.test_drone_workers import children_of
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -121,6 +122,9 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: --server: {URLS}, got 'http://a b:80'."),
         (["serve", "--host", ""], {},
          "hangar serve: --host: expected a name or address to listen on, got ''."),
+        (["serve", "--host", "127.0.0.1:8080"], {},
+         "hangar serve: --host: expected a name or address to listen on (the port is --port), "
+         "got '127.0.0.1:8080'."),
         (["drone", "--ollama-host", "ftp://ollama"], {},
          "hangar drone: --ollama-host: expected a URL starting with http:// or https://, "
          "or host:port, got 'ftp://ollama'."),
@@ -162,11 +166,18 @@ LEVELS = "expected one of debug, info, warning, error, critical"
          f"hangar drone: HANGAR_DEADLINE (for --deadline): {SECONDS}, got 'inf'."),
         (["drone", "--cut-off", "never"], {},
          f"hangar drone: --cut-off: {SECONDS}, got 'never'."),
+        (["drone", "--status-line", "maybe"], {},
+         "hangar drone: --status-line: expected on or off, got 'maybe'."),
+        (["drone"], {"HANGAR_STATUS_LINE": "no"},  # was taken as on
+         "hangar drone: HANGAR_STATUS_LINE (for --status-line): expected on or off, got 'no'."),
         (["drone", "--tools", "run_shell=maybe"], {},
          "hangar drone: --tools: expected TOOL=allow|ask|deny, got 'run_shell=maybe'."),
         (["user", "list", "--database", f"{NO_DIR}/x.db"], {},
          f"hangar user list: --database: there is no folder '{NO_DIR}' for the SQLite file "
          f"'{NO_DIR}/x.db'."),
+        (["serve", "--database", "/dev/null"], {},
+         "hangar serve: --database: '/dev/null' is not a file (a pipe or a device), so not a "
+         "SQLite file."),
         (["drone-token", "list"], {"HANGAR_DATABASE": "mysql://x/y"},
          "hangar drone-token list: HANGAR_DATABASE (for --database): expected a SQLite file or "
          "a postgresql:// URL, got 'mysql://x/y'."),
@@ -204,13 +215,15 @@ LEVELS = "expected one of debug, info, warning, error, critical"
     ids=[
         "server-without-scheme", "server-env-list", "base-url-without-scheme",
         "base-url-env-without-host", "provider-env", "server-with-a-space", "host-empty",
+        "host-with-a-port",
         "ollama-host-scheme", "redis-without-scheme", "redis-env-port", "database-scheme",
         "database-env-folder", "port", "port-env",
         "concurrency", "concurrency-env", "drone-token", "drone-token-env", "abort-grace",
         "drone-grace-env", "deadline",
-        "deadline-env", "cut-off", "tools", "allowed-origin", "allowed-origin-env",
-        "accounts-database", "accounts-database-env", "name", "model", "workdir-missing",
-        "workdir-a-file", "demo-workdir-env",
+        "deadline-env", "cut-off", "status-line", "status-line-env", "tools", "allowed-origin",
+        "allowed-origin-env",
+        "accounts-database", "database-a-device", "accounts-database-env", "name", "model",
+        "workdir-missing", "workdir-a-file", "demo-workdir-env",
         "log-level-before", "log-level-after", "log-level-env", "a-drones-own-token",
         "drone-grace-too-long",
     ],
@@ -317,6 +330,51 @@ def not_up_yet(port: int, delay: int = 1) -> Callable[[str], bool]:
     return lambda line: line.endswith(f"{said}{delay} s")
 
 
+def before_the_program(stderr: bytes, launcher: str) -> bool:
+    """A Ctrl-C that came while the interpreter was still starting or finding the program's
+    first module: Python's report of it holds the launcher and its own frozen code only."""
+    lines = stderr.decode().splitlines()
+    frames = [line.strip() for line in lines if line.lstrip().startswith("File ")]
+    ours = [f for f in frames if not f.startswith(('File "<frozen ', f'File "{launcher}"'))]
+    return any(line.startswith("KeyboardInterrupt") for line in lines) and not ours
+
+
+async def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback() -> None:
+    """README: Ctrl-C while the program is still loading exits 130 with no more to say. The
+    installed ``hangar`` imported the command before it could catch the Ctrl-C: in its first
+    tenth of a second, a Ctrl-C printed a traceback (exit code 1)."""
+    command = str(Path(sys.executable).parent / "hangar")
+    for attempt in range(20):  # the first 0.1 s, in steps of 5 ms
+        process = await asyncio.create_subprocess_exec(
+            command, "drone", "--token", DRONE_TOKEN, env=clean_env(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.sleep(attempt * 0.005)  # when the Ctrl-C comes is what is tried
+        process.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+        if b"Fatal Python error" in stderr or before_the_program(stderr, command):
+            continue  # the interpreter's own start, before any of the program runs
+        assert b"Traceback" not in stderr, (attempt, stderr.decode())
+        assert process.returncode in (130, -signal.SIGINT), (attempt, stderr.decode())
+
+
+async def test_a_relay_urls_password_is_not_in_the_drones_log() -> None:
+    """A relay behind a proxy that asks for basic auth is given as http://user:password@…:
+    the drone wrote the password in every line about that relay."""
+    port = free_port()
+    args = waiting_drone_args(port)
+    args[2] = f"http://probe:s3cret-pass@127.0.0.1:{port}"
+    drone = await start(*args)
+    said = f"relay http://probe:***@127.0.0.1:{port} is not up yet; trying again in 1 s"
+    try:
+        lines = await lines_until(drone.stderr, lambda line: line.endswith(said))
+    finally:
+        drone.send_signal(signal.SIGINT)
+        _, rest = await asyncio.wait_for(drone.communicate(), 10)
+
+    assert not [line for line in [*lines, *rest.decode().splitlines()] if "s3cret" in line]
+
+
 @pytest.mark.parametrize(
     ("before", "after", "env"),
     [
@@ -393,6 +451,21 @@ async def test_ctrl_c_stops_a_drone_waiting_for_its_relay_at_once() -> None:
     ]
 
 
+async def first_retry(args: list[str]) -> list[str]:
+    """What a drone started with ``args`` writes up to its first "trying again" warning; then
+    a Ctrl-C stops it, with exit code 0."""
+    drone = await start(*args)
+    try:
+        lines = await lines_until(drone.stderr, lambda line: "trying again in" in line)
+        drone.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(drone.wait(), 10) == 0
+    finally:
+        if drone.returncode is None:
+            drone.kill()
+            await drone.wait()
+    return lines
+
+
 @pytest.mark.parametrize(
     ("scheme", "said"),
     [
@@ -411,20 +484,31 @@ async def test_a_drone_pointed_at_what_is_not_a_relay_says_what_answers_there(
     await web.TCPSite(runner, "127.0.0.1", port).start()
     args = waiting_drone_args(port)
     args[args.index("--server") + 1] = f"{scheme}://127.0.0.1:{port}"
-    drone = await start(*args)
     try:
-        lines = await lines_until(drone.stderr, lambda line: "trying again in 1 s" in line)
-        drone.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(drone.wait(), 10) == 0
+        lines = await first_retry(args)
     finally:
-        if drone.returncode is None:
-            drone.kill()
-            await drone.wait()
         await runner.cleanup()
 
     assert lines[-1].endswith(
         f"WARNING hangar.drone relay {scheme}://127.0.0.1:{port} is not reachable as a relay: "
         f"{said}; trying again in 1 s"
+    )
+
+
+async def test_a_drone_pointed_at_a_relay_that_accepts_but_never_answers_says_so() -> None:
+    """A relay frozen (or its machine overloaded) still completes TCP handshakes in its kernel:
+    the drone waited 5 s for its websocket and 3 s for a look, then said "not up yet; trying
+    again in 1 s", nine seconds apart, as if nothing listened there."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # handshakes complete; nothing is ever read or written
+        port = silent.getsockname()[1]
+        lines = await first_retry(waiting_drone_args(port))
+
+    assert lines[-1].endswith(
+        f"WARNING hangar.drone relay http://127.0.0.1:{port} is not reachable as a relay: it "
+        "accepts connections but answers nothing (a relay frozen or overloaded?); trying again "
+        "in 1 s"
     )
 
 
@@ -439,6 +523,7 @@ async def test_a_second_relay_on_the_same_sqlite_file_is_refused_while_the_first
         await lines_until(first.stdout, lambda line: "listening on" in line)
 
         second = await hangar("serve", "--port", "0", "--database", db)
+        as_url = await hangar("serve", "--port", "0", "--database", f"sqlite:///{db}")
         accounts = await hangar("user", "add", "ada", "--no-password", "--database", db)
 
         assert second == (
@@ -447,6 +532,7 @@ async def test_a_second_relay_on_the_same_sqlite_file_is_refused_while_the_first
             f"hangar serve: cannot open the database {db}: another relay uses it (one relay per "
             "SQLite file; relays that share their work share a PostgreSQL database).\n",
         )
+        assert f"cannot open the database sqlite:///{db}: another relay" in as_url[2]
         assert accounts[0] == 0  # the account commands work beside the running relay
     finally:
         first.send_signal(signal.SIGINT)
@@ -571,7 +657,7 @@ async def test_log_lines_in_a_terminal_are_written_above_the_status_line_never_o
 TRANSPORT_NOTE = """
 import logging, sys
 import socketio
-from hangar.shared.cli import configure_logging
+from hangar.shared.logs import configure_logging
 configure_logging(sys.argv[1])
 client = socketio.AsyncClient()  # as the drone makes its own: after the logging is set up
 logging.getLogger("engineio.client").error("packet queue is empty, aborting")
@@ -733,6 +819,24 @@ async def test_the_demo_drone_works_in_a_fresh_folder_removed_when_the_demo_stop
     assert loud_lines(stderr) == []
 
 
+async def test_a_demo_whose_drone_dies_says_so_as_it_stops(
+    demo_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """It stopped with exit code 1 and no word of why: the last lines were the relay's."""
+    process, _, browser = await run_demo(demo_peer, tmp_path)
+    await browser.close()
+    [drone] = children_of(process.pid)
+
+    os.kill(drone, signal.SIGKILL)
+    _, stderr = await asyncio.wait_for(process.communicate(), 30)
+
+    assert process.returncode == 1
+    assert (
+        "hangar demo: its drone stopped (by the signal SIGKILL), so the demo stops too.\n"
+        in stderr.decode()
+    )
+
+
 async def test_a_second_ctrl_c_on_the_demo_still_removes_its_fresh_folder(
     demo_peer: OpenAIPeer, tmp_path: Path
 ) -> None:
@@ -791,6 +895,60 @@ async def test_a_drone_refuses_a_work_directory_that_holds_a_relays_database(
     assert "--workdir" not in stderr
 
 
+async def test_an_ollama_host_the_sdk_cannot_read_gets_one_line_and_help_still_works(
+    tmp_path: Path,
+) -> None:
+    """The ollama SDK makes a client of ``OLLAMA_HOST`` as it is imported: a value it cannot
+    read failed ``hangar --help``, ``hangar drone`` and ``hangar demo`` with its traceback."""
+    bad = {"OLLAMA_HOST": "host:abc"}
+
+    code, usage, _ = await hangar("--help", env=bad)
+    drone = await hangar("drone", "--token", "x" * 16, "--workdir", str(tmp_path), env=bad)
+
+    assert code == 0 and usage.startswith("usage: hangar")
+    assert drone == (
+        2,
+        "",
+        "hangar drone: OLLAMA_HOST (for --ollama-host): expected a URL starting with http:// "
+        "or https://, or host:port, got 'host:abc'.\n",
+    )
+
+
+@pytest.mark.parametrize("command", [["serve"], ["user", "list"]], ids=["serve", "user"])
+async def test_a_named_pipe_given_as_the_database_is_refused_at_once(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Opening a named pipe waits for a writer: the relay hung before its event loop ran, and
+    only SIGKILL stopped it."""
+    pipe = tmp_path / "hangar.db"
+    os.mkfifo(pipe)
+
+    code, _, stderr = await hangar(*command, "--database", str(pipe))
+
+    assert (code, stderr) == (
+        2,
+        f"hangar {' '.join(command)}: --database: '{pipe}' is not a file (a pipe or a device), "
+        "so not a SQLite file.\n",
+    )
+
+
+async def test_a_drone_finds_a_relays_database_among_many_files_in_its_work_directory(
+    tmp_path: Path,
+) -> None:
+    """The check looked at a folder's first 1,000 entries only: beside 20,000 files the
+    database was found about one time in twenty, and the drone started."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for number in range(20_000):
+        (folder / f"file-{number}").touch()
+    code, _, _ = await hangar("drone-token", "create", "d1", "--database", str(folder / "x.db"))
+    assert code == 0
+
+    code, _, stderr = await hangar("drone", "--workdir", str(folder))
+
+    assert code == 2 and "holds x.db, a relay's database" in stderr
+
+
 def test_allowed_origins_come_from_each_flag_or_else_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -828,6 +986,7 @@ async def test_a_relay_that_cannot_listen_says_why_in_one_line_and_nothing_else(
     reason = "Name or service not known" if host == "999.1.1.1" else "address already in use"
     assert (code, stdout) == (1, "")
     assert stderr == f"hangar serve: cannot listen on {host}:{port}: {reason}.\n"
+    assert os.listdir(tmp_path) == []  # the database it would have made is not left behind
 
 
 async def test_ctrl_c_while_the_demo_starts_its_drone_stops_it_without_saying_it_runs(
