@@ -88,6 +88,10 @@ class ToolRunner(Protocol):
     async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
         """Run one tool call; raise ``AbortError`` if the signal cut it short."""
 
+    def refusal(self, call: ToolCall) -> str | None:
+        """Why the call cannot run whatever a person would answer (its arguments), else None:
+        said before anyone is asked."""
+
 
 class Gate(Protocol):
     """Whether a tool call may run: None to run it, else the result the model gets instead (a
@@ -114,6 +118,9 @@ class NoTools:
 
     async def run(self, call: ToolCall, signal: AbortSignal, depth: int) -> str:
         return f"Error: there is no tool named {call.name!r}."
+
+    def refusal(self, call: ToolCall) -> str | None:
+        return None
 
 
 class StepLimitError(Exception):
@@ -173,6 +180,8 @@ class Agent:
     """Seconds without a chunk after which a model stream is closed and the turn fails."""
     gate: Gate = field(default_factory=Open)
     """What each tool call passes before it runs (approvals, the drone's policy)."""
+    turn_id: str = "-"
+    """The work order's turn, for log lines."""
 
     async def run(self, messages: list[ChatMessage], signal: AbortSignal) -> str:
         """Run to a final answer and return it; ``messages`` grows with everything kept."""
@@ -270,6 +279,10 @@ class Agent:
 
     async def _run_tool(self, call: ToolCall, signal: AbortSignal) -> str:
         """One call through the gate, reported as it goes: its result, or why it did not run."""
+        if (refusal := self.tools.refusal(call)) is not None:  # no one is asked for nothing
+            result = _fitted(f"Error: {refusal}")
+            await self.report.tool(call, "error", self.depth, result)
+            return result
         verdict = await self.gate.verdict(call, signal, self.report, self.depth)
         if verdict is not None:
             await self.report.tool(call, "declined", self.depth, verdict)
@@ -280,7 +293,7 @@ class Agent:
         except AbortError:
             raise
         except Exception as error:  # a failing tool is the model's problem, not the turn's
-            log.info("tool %s failed: %s", call.name, error)
+            log.info("tool failed turn=%s tool=%r: %s", self.turn_id, call.name, error)
             result = _fitted(f"Error: {error}")
             await self.report.tool(call, "error", self.depth, result)
         else:

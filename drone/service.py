@@ -213,6 +213,7 @@ class AgentService:
                 allow_private_urls=settings.allow_private_urls,
                 gate=running.approvals,
                 stall=self.stall,
+                turn_id=order.turn_id,
             )
             if settings is not None
             else NoTools()
@@ -225,6 +226,7 @@ class AgentService:
             step_signal=running.gentle.signal,
             stall=self.stall,
             gate=running.approvals,
+            turn_id=order.turn_id,
         )
         messages = alternating([*order.history, ChatMessage(role="user", content=order.prompt)])
         reason: EndReason

@@ -257,6 +257,38 @@ async def test_a_denied_tool_is_refused_without_asking(
     assert browser.progress(turn_id, "tool")[0]["result"] == not_allowed("run_shell")
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"command": "echo " + "x" * 150_000},  # past what one argument of a process may hold
+        '{"command": "echo hi", "n": NaN}',
+        {"command": 42},
+    ],
+    ids=["too-long", "not-json", "not-a-string"],
+)
+async def test_a_call_that_cannot_run_fails_without_asking_anyone(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+    arguments: dict[str, Any] | str,
+) -> None:
+    """A person approved a command of 150,000 characters, which then failed: "The command
+    could not be started: Argument list too long." Whatever the answer, it could not run."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", arguments)]),
+        Reply(chunks=["It failed."]),
+    )
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    turn_id = (await browser.submit("Run it"))["turnId"]
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "It failed.")
+    assert states(browser, turn_id) == ["error"]
+    result = browser.progress(turn_id, "tool")[0]["result"]
+    assert result.startswith("Error: The ") and "could not be started" not in result
+
+
 async def test_only_the_person_whose_turn_it_is_answers_and_a_page_opened_now_shows_the_call(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,

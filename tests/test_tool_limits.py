@@ -148,6 +148,28 @@ async def test_read_file_says_how_much_of_a_long_file_it_left_out(workdir: Path)
     assert text == "é" * 100_000 + "\n[… 100000 more bytes not shown]"
 
 
+@pytest.mark.parametrize(
+    ("content", "left_out"),
+    [
+        (bytes(range(128, 256)) * 2_000, 156_000),  # no UTF-8 at all: a U+FFFD for each byte
+        ("é".encode("latin-1") * 150_000, 50_000),  # another encoding
+        ("a€".encode() * 40_000 + b"\xff" * 30_000, 10_000),  # a file that goes bad part-way
+    ],
+    ids=["binary", "latin-1", "part-way"],
+)
+async def test_read_file_counts_the_bytes_it_left_out_of_a_file_that_is_not_utf_8(
+    workdir: Path, content: bytes, left_out: int
+) -> None:
+    """A byte that is not UTF-8 is shown as one U+FFFD, which is three bytes in UTF-8: the
+    count of the bytes left out came from the text shown, and said 0 of a 300 kB binary file."""
+    (workdir / "data.bin").write_bytes(content)
+
+    text = await read_file(workdir, "data.bin")
+
+    assert text.endswith(f"\n[… {left_out} more bytes not shown]")
+    assert len(text.partition("\n[…")[0]) == 100_000
+
+
 async def test_file_tools_refuse_a_hard_link_to_a_file_outside_the_work_directory(
     workdir: Path, tmp_path: Path
 ) -> None:

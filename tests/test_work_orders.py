@@ -484,17 +484,17 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     assert sent_back.rejected is None  # the history the service got is a valid one
 
 
-async def test_a_session_with_a_call_nested_past_any_depth_goes_on_through_ollama(
-    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
-) -> None:
-    """The call's arguments, sent back to an Ollama server as the history's object, ran the
-    drone out of stack: every later turn of the session failed on every Ollama drone ("The
-    drone failed: maximum recursion depth exceeded..."), and the model was never asked."""
-    nested = '{"path": ' + "[" * 5_000 + "]" * 5_000 + "}"
-    openai_peer.script(
-        Reply(chunks=[], tool_calls=[ScriptedToolCall("read_file", nested)]),
-        Reply(chunks=["That failed."]),
-    )
+async def then_on_ollama(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browser: Browser,
+    call: ScriptedToolCall,
+) -> tuple[TurnRecord, list[dict[str, Any]]]:
+    """A turn on an OpenAI drone whose model makes ``call`` and then says "That failed.", and
+    the session's next turn on an Ollama drone, which must finish: the first turn as stored,
+    and the messages the Ollama server was sent."""
+    openai_peer.script(Reply(chunks=[], tool_calls=[call]), Reply(chunks=["That failed."]))
     first_drone = await start_drone(Upstream("openai", openai_peer))
     async with OllamaPeer() as peer:
         peer.script(Reply(chunks=["Going on."]))
@@ -504,11 +504,42 @@ async def test_a_session_with_a_call_nested_past_any_depth_goes_on_through_ollam
         second = await browser.submit(
             "And now?", sessionId=first["sessionId"], droneId=second_drone.drone_id
         )
-
         assert (await browser.completion(second["turnId"]))[1:] == (True, "Going on.")
-        sent = peer.requests[-1].messages
-        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
-        assert sent[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": {}}
+        sent: list[dict[str, Any]] = peer.requests[-1].messages
+    stored = await relay.relay.store.get_turn(first["turnId"])
+    assert stored is not None
+    return stored, sent
+
+
+async def test_a_session_with_a_call_nested_past_any_depth_goes_on_through_ollama(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """The call's arguments, sent back to an Ollama server as the history's object, ran the
+    drone out of stack: every later turn of the session failed on every Ollama drone ("The
+    drone failed: maximum recursion depth exceeded..."), and the model was never asked."""
+    nested = '{"path": ' + "[" * 5_000 + "]" * 5_000 + "}"
+
+    call = ScriptedToolCall("read_file", nested)
+
+    _, sent = await then_on_ollama(relay, openai_peer, start_drone, browser, call)
+
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": {}}
+
+
+async def test_a_call_with_nan_or_infinity_in_its_arguments_does_not_break_the_session(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """``NaN`` and ``Infinity`` are not JSON, but Python reads them: the call ran, and its
+    arguments went back to the model service with them, which an Ollama server (Go's JSON)
+    refuses, failing every later turn of the session on every Ollama drone."""
+    call = ScriptedToolCall("run_shell", '{"command": "echo ran", "n": NaN}')
+
+    turn, sent = await then_on_ollama(relay, openai_peer, start_drone, browser, call)
+
+    assert turn.messages[2].content == "Error: The arguments are not valid JSON: NaN is not JSON."
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "run_shell", "arguments": {}}
+    assert openai_peer.requests[-1].messages[1]["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
 async def test_a_call_whose_text_holds_half_a_surrogate_pair_gets_a_clear_result(

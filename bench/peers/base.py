@@ -50,6 +50,12 @@ class ScriptedToolCall:
     id: str | None = None
 
 
+def not_json(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity``, which Python's ``json`` reads: the services
+    refuse them, as JSON does not have them (RFC 8259)."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def arguments_text(arguments: dict[str, Any] | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
@@ -196,7 +202,7 @@ class UpstreamPeer:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
             try:
-                body: Any = json.loads(raw) if raw else None
+                body: Any = json.loads(raw, parse_constant=not_json) if raw else None
             except ValueError:
                 body = raw.decode("utf-8", "replace")
             rec = RecordedRequest(request.method, request.path, body, time.monotonic())

@@ -25,6 +25,17 @@ from hangar.shared.protocol import ChatMessage
 from hangar.shared.wire import MOST_TOKENS, cut
 
 
+def call_arguments(text: str) -> Any:
+    """A call's arguments as JSON reads them (RFC 8259): Python's ``json`` also reads ``NaN``,
+    ``Infinity`` and ``-Infinity``, which model services refuse in a history (an Ollama server
+    does), so they are refused here too (``ValueError``, as for any text that is not JSON)."""
+    return json.loads(text, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 @dataclass(frozen=True)
 class TextChunk:
     text: str

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from typing import Any, cast
 
 import httpx
-import ollama
-from ollama import ChatResponse
 
 from hangar.shared.protocol import ChatMessage
 
@@ -27,9 +26,21 @@ from .base import (
     ToolSpec,
     UpstreamShutdown,
     UsageReport,
+    call_arguments,
     said_by_service,
 )
 from .message_json import MessageJson
+
+# The SDK makes a client of ``OLLAMA_HOST`` as it is imported: a value it cannot read failed
+# every command (even ``hangar --help``) with its traceback, before the drone's own check of
+# that variable could say what is wrong with it in one line.
+_host = os.environ.pop("OLLAMA_HOST", None)
+try:
+    import ollama
+    from ollama import ChatResponse
+finally:
+    if _host is not None:
+        os.environ["OLLAMA_HOST"] = _host
 
 # The chat whose read is sending the request: the httpx response hook below runs inside that
 # read, in the same task and context, and finds its chat here.
@@ -188,7 +199,7 @@ def _arguments(text: str) -> dict[str, Any]:
     """A call's arguments as an Ollama server reads them back: the model's own object, else
     ``{}`` (also for arguments nested past any depth: the call's result said what was wrong)."""
     try:
-        value = json.loads(text or "{}")
+        value = call_arguments(text or "{}")
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}

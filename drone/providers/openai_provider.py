@@ -29,6 +29,7 @@ from .base import (
     ToolSpec,
     UpstreamShutdown,
     UsageReport,
+    call_arguments,
     said_by_service,
 )
 from .message_json import MessageJson
@@ -234,7 +235,7 @@ def _arguments(text: str) -> str:
     object, else ``{}`` (services that read past calls refuse a history with arguments they
     cannot read; the call's result told the model what was wrong with them)."""
     try:
-        value = json.loads(text)
+        value = call_arguments(text)
     except (ValueError, RecursionError):
         return "{}"
     return text if isinstance(value, dict) else "{}"

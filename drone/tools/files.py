@@ -29,6 +29,8 @@ from .errors import ToolError
 
 MAX_READ_CHARS = 100_000
 MAX_READ_BYTES = 4 * MAX_READ_CHARS  # UTF-8 is at most 4 bytes a character
+NOT_UTF_8 = {0xDC80 + byte: "\ufffd" for byte in range(128)}
+"""The characters ``surrogateescape`` reads a byte that is not UTF-8 as, each a U+FFFD."""
 MAX_ENTRIES = 500
 MAX_SCANNED = 20_000
 """Entries of a folder read, at most: a listing of a larger one sorts the first it read."""
@@ -186,13 +188,13 @@ def _read(root: Path, path: str) -> str:
     with os.fdopen(fd, "rb") as file:
         size = os.fstat(fd).st_size
         data = file.read(MAX_READ_BYTES)
-    text = data.decode("utf-8", errors="replace")
-    if len(text) > MAX_READ_CHARS:
-        kept = len(text[:MAX_READ_CHARS].encode("utf-8", errors="replace"))
-        return text[:MAX_READ_CHARS] + f"\n[… {max(size - kept, 0)} more bytes not shown]"
-    if size > len(data):
-        return text + f"\n[… {size - len(data)} more bytes not shown]"
-    return text
+    # Each byte that is not UTF-8 a character of its own, so the bytes shown are counted
+    # exactly (as U+FFFD, three bytes, it made the count of those left out too small).
+    text = data.decode("utf-8", errors="surrogateescape")
+    shown = text[:MAX_READ_CHARS]
+    kept = len(shown.encode("utf-8", "surrogateescape")) if len(text) > len(shown) else len(data)
+    shown = shown.translate(NOT_UTF_8)
+    return shown + f"\n[… {size - kept} more bytes not shown]" if size > kept else shown
 
 
 async def read_file(workdir: Path, path: str, signal: AbortSignal | None = None) -> str:

@@ -29,6 +29,23 @@ MAX_OUTPUT_CHARS = 20_000
 TAIL_CHARS = 2_000
 
 
+MAX_COMMAND_BYTES = 131_071
+"""The most one argument of a process may hold on Linux (``MAX_ARG_STRLEN``, its NUL included):
+the command is one, ``sh -c``'s."""
+
+
+def check_command(command: str) -> None:
+    """Raise ``ToolError`` for a command no process can be given."""
+    if "\0" in command:  # no argument can carry it (some event loops cut it there)
+        raise ToolError("The command contains a NUL character.")
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise ToolError(
+            f"The command is {size:,} bytes, and a command may have at most "
+            f"{MAX_COMMAND_BYTES:,}: write a longer one to a file with write_file, and run it."
+        )
+
+
 async def run_shell(
     workdir: Path,
     command: str,
@@ -40,9 +57,8 @@ async def run_shell(
 ) -> str:
     """Run ``command`` with ``sh -c``; "exit code N\\n<output>". ``network`` applies in the
     sandbox only (unconfined commands have the host's network)."""
+    check_command(command)
     # The first call probes the machine (a few ms of subprocesses): off the event loop.
-    if "\0" in command:  # no argument can carry it (some event loops cut it there)
-        raise ToolError("The command contains a NUL character.")
     place = sandbox if sandbox is not None else await asyncio.to_thread(unconfined)
     argv = place.argv(workdir, command, network=network)
     try:

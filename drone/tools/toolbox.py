@@ -17,6 +17,7 @@ from hangar.shared.protocol import TOOL_CANCELLED, ChatMessage, ToolCall
 
 from ..agent import STALL, Agent, Gate, Open, Report, Tally
 from ..providers import Provider, ToolSpec
+from ..providers.base import call_arguments
 from . import fetch, files, shell
 from .errors import ToolError
 from .sandbox import Sandbox
@@ -91,6 +92,8 @@ class Toolbox:
     """What each call passes first (approvals); sub-agents' calls pass it too."""
     stall: float | None = STALL
     """The drone's ``--stall``: a sub-agent's model streams are watched as the work order's."""
+    turn_id: str = "-"
+    """The work order's turn, for its sub-agents' log lines."""
 
     @property
     def specs(self) -> list[ToolSpec]:
@@ -102,6 +105,17 @@ class Toolbox:
         """Run one call. A ``ToolError`` (the call failed; its message goes to the model) and
         ``AbortError`` propagate."""
         return await self._dispatch(call.name, _arguments(call.arguments), signal)
+
+    def refusal(self, call: ToolCall) -> str | None:
+        """Arguments no answer could make run: not a JSON object, or a command that cannot be
+        given to a process (a NUL in it, or too long)."""
+        try:
+            args = _arguments(call.arguments)
+            if call.name == "run_shell":
+                shell.check_command(_text(args, "command"))
+        except ToolError as error:
+            return str(error)
+        return None
 
     async def _dispatch(self, name: str, args: dict[str, Any], signal: AbortSignal) -> str:
         signal.throw_if_aborted()
@@ -141,6 +155,7 @@ class Toolbox:
             step_signal=self.step_signal,
             stall=self.stall,
             gate=self.gate,
+            turn_id=self.turn_id,
         )
         messages = [
             ChatMessage(role="system", content=SUBAGENT_PROMPT),
@@ -180,9 +195,11 @@ def _stopped_after_step(done: list[ChatMessage]) -> str:
 
 def _arguments(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text or "{}")
+        value = call_arguments(text or "{}")
     except json.JSONDecodeError as error:
         raise ToolError(f"The arguments are not valid JSON: {error.msg}.") from None
+    except ValueError as error:  # NaN or Infinity
+        raise ToolError(f"The arguments are not valid JSON: {error}.") from None
     except RecursionError:
         raise ToolError("The arguments are nested too deeply.") from None
     if not isinstance(value, dict):
