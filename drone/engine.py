@@ -28,6 +28,9 @@ from engineio import base_client, exceptions, packet
 
 from hangar.shared.websocket import READ_RUN, Corked, Silence
 
+LET_IN_WITHIN = 10.0
+"""Seconds a connect waits for the relay to let the drone in, once the relay answers."""
+
 
 class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
     """engine.io's client with the websocket loops above (long-polling is engine.io's own)."""
@@ -146,6 +149,14 @@ class LeanEngineClient(engineio.AsyncClient):  # type: ignore[misc]
 
 class RelayClient(socketio.AsyncClient):  # type: ignore[misc]
     """python-socketio's client over ``LeanEngineClient``."""
+
+    async def connect(self, *args: Any, wait_timeout: float = LET_IN_WITHIN, **kwargs: Any) -> None:
+        """Connect, waiting ``wait_timeout`` for the relay to let the drone in.
+
+        python-socketio's own reconnect, after a lost connection, waits its default of 1 s: a
+        relay far away or busy that takes longer let the drone in, then saw it leave, for ever.
+        """
+        await super().connect(*args, wait_timeout=wait_timeout, **kwargs)
 
     def _engineio_client_class(self) -> type[engineio.AsyncClient]:
         return LeanEngineClient

@@ -65,7 +65,11 @@ async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
 async def what_answers(url: str) -> str | None:
     """What answers at a relay's address that the drone could not connect to, in a few words;
     None when nothing does (a relay not up yet)."""
-    timeout = aiohttp.ClientTimeout(total=LOOK_WITHIN)
+    # Connecting and each read have their own bound, so that an address that accepts and then
+    # says nothing (a relay frozen) is told from one where nothing listens.
+    timeout = aiohttp.ClientTimeout(
+        total=2 * LOOK_WITHIN, sock_connect=LOOK_WITHIN, sock_read=LOOK_WITHIN
+    )
     try:
         async with (
             aiohttp.ClientSession(timeout=timeout) as http,
@@ -78,8 +82,10 @@ async def what_answers(url: str) -> str | None:
         return "it does not speak HTTPS (http:// instead?)"
     except aiohttp.ClientConnectorDNSError:
         return "its host name does not resolve"
+    except aiohttp.SocketTimeoutError:
+        return "it accepts connections but answers nothing (a relay frozen or overloaded?)"
     except (aiohttp.ClientConnectorError, TimeoutError):
-        return None  # nothing listens there (yet), or it does not answer at all
+        return None  # nothing listens there (yet), or nothing reaches it
     except aiohttp.ClientError:
         return "it does not answer HTTP (https:// instead?)"
     if response.status == 200 and body.startswith(b"0{") and b'"sid"' in body:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,25 @@ DRONE_TOKEN = "test-drone-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
 HANGAR = [sys.executable, "-m", "hangar.shared.cli"]
 """The ``hangar`` command, run by this interpreter."""
+
+
+LOG_LINES = 40
+"""The last lines of each of a failed test's process logs shown with its failure."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that ran relays or drones as processes shows the end of their logs (the
+    ``*.log`` files in its ``tmp_path``): a run elsewhere keeps nothing else of them."""
+    report = yield
+    folder = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and call.when == "call" and isinstance(folder, Path):
+        for log in sorted(folder.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-LOG_LINES:]
+            report.sections.append((f"{log.name}, its last {len(lines)} lines", "\n".join(lines)))
+    return report
 
 
 async def eventually(

@@ -6,9 +6,11 @@ are the test's own (``bench/services.py``); the machine's shared ones are never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -375,7 +377,7 @@ async def test_a_relay_restart_mid_turn_loses_no_text(
     drone_process(Upstream("openai", openai_peer), server=url)
     token = await person_token(relay_folder(tmp_path) / "hangar.db")
     browser = await Browser(url, token).connect()
-    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    await eventually(lambda: listed_drones(browser), timeout=15, what="the drone to be listed")
     turn_id = (await browser.submit("Say a lot"))["turnId"]
     await browser.wait_text(turn_id, pieces=5, timeout=10)
 
@@ -413,7 +415,7 @@ async def test_an_abort_after_a_relay_restart_before_the_drone_is_back_keeps_the
     drone = drone_process(Upstream("openai", openai_peer), server=url)
     database = relay_folder(tmp_path) / "hangar.db"
     browser = await Browser(url, await person_token(database)).connect()
-    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    await eventually(lambda: listed_drones(browser), timeout=15, what="the drone to be listed")
     turn_id = (await browser.submit("Say a lot"))["turnId"]
     await browser.wait_text(turn_id, pieces=5, timeout=10)
     seen = browser.text(turn_id)
@@ -438,6 +440,70 @@ async def test_an_abort_after_a_relay_restart_before_the_drone_is_back_keeps_the
         assert turn.status == "aborted" and reply_text(SLOW).startswith(turn.text)
         assert roles(turn) == [("user", "Say a lot"), ("assistant", turn.text)]
         await a_next_turn_works(again, turn.session_id, openai_peer)
+    finally:
+        await again.close()
+
+
+def _written(database: Path, turn_id: str) -> list[str]:
+    """The running turn's text as its relay has written it to its database so far, by write."""
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        rows = db.execute(
+            "SELECT piece FROM turn_pieces WHERE turn_id = ? ORDER BY at", (turn_id,)
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+async def test_a_relay_killed_with_its_drone_keeps_the_text_its_pages_showed(
+    sqlite_relay: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    tmp_path: Path,
+) -> None:
+    """docs/reliability.md, "a relay that dies": a relay without Redis writes a running turn's
+    text to its database as it streams. It kept it in memory only: killed together with its
+    drone (a machine down), the turn ended holding its prompt only, and a page opened on the
+    restarted relay showed none of what had streamed."""
+    openai_peer.script(SLOW)
+    url, process, _ = await sqlite_relay(grace=0.5)
+    drone = drone_process(Upstream("openai", openai_peer), server=url)
+    database = relay_folder(tmp_path) / "hangar.db"
+    token = await person_token(database)
+    browser = await Browser(url, token).connect()
+    await eventually(lambda: listed_drones(browser), timeout=15, what="the drone to be listed")
+    ack = await browser.submit("Say a lot")
+    turn_id, session_id = ack["turnId"], ack["sessionId"]
+    await browser.wait_text(turn_id, pieces=5, timeout=10)
+    seen = browser.text(turn_id)
+
+    def written_twice() -> bool:  # each write adds what streamed since the one before
+        pieces = _written(database, turn_id)
+        return len(pieces) >= 2 and "".join(pieces).startswith(seen)
+
+    await eventually(written_twice, 5, "the text seen, written in two writes")
+    assert reply_text(SLOW).startswith("".join(_written(database, turn_id)))
+    await browser.close()
+
+    drone.kill()
+    process.kill()
+    await asyncio.wait_for(process.wait(), 10)
+    await asyncio.get_running_loop().run_in_executor(None, drone.wait)
+    url, _, _ = await sqlite_relay(grace=0.5)
+    again = await Browser(url, token).connect()
+    try:
+        opened = await again.call("openSession", {"sessionId": session_id})
+        [shown] = opened["turns"]
+        assert shown["status"] == "processing" and shown["text"].startswith(seen)
+
+        turn = await eventually(
+            lambda: _ended_turn(database, turn_id), timeout=20, what="the turn to end"
+        )
+        assert (turn.status, turn.reason) == ("error", "relay_restarted")
+        assert turn.text.startswith(seen) and reply_text(SLOW).startswith(turn.text)
+        assert roles(turn) == [("user", "Say a lot"), ("assistant", turn.text)]
+        assert _written(database, turn_id) == []  # stored once: in the turn's messages
+        drone_process(Upstream("openai", openai_peer), server=url, name="proc-drone-2")
+        await eventually(lambda: listed_drones(again), timeout=15, what="another drone")
+        await a_next_turn_works(again, session_id, openai_peer)
     finally:
         await again.close()
 
@@ -487,7 +553,7 @@ async def test_a_drone_comes_back_to_a_relay_stopped_and_started_again(
     drone_process(Upstream("openai", openai_peer), server=url)
     token = await person_token(relay_folder(tmp_path) / "hangar.db")
     browser = await Browser(url, token).connect()
-    await eventually(lambda: _drones(browser), timeout=15, what="the drone to be listed")
+    await eventually(lambda: listed_drones(browser), timeout=15, what="the drone to be listed")
     await browser.close()
 
     process.send_signal(signal.SIGTERM)
@@ -497,13 +563,13 @@ async def test_a_drone_comes_back_to_a_relay_stopped_and_started_again(
 
     again = await Browser(url, token).connect()
     try:
-        await eventually(lambda: _drones(again), timeout=15, what="the drone to come back")
+        await eventually(lambda: listed_drones(again), timeout=15, what="the drone to come back")
         await a_next_turn_works(again, None, openai_peer)
     finally:
         await again.close()
 
 
-async def _drones(browser: Browser) -> list[Any]:
+async def listed_drones(browser: Browser) -> list[Any]:
     answer = await browser.call("listDrones", {})
     drones: list[Any] = answer["drones"]
     return drones
@@ -538,7 +604,7 @@ async def test_a_failover_to_another_relay_leaves_no_hole_in_the_text(
     await store.open()
     browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         turn_id = (await browser.submit("Say a lot"))["turnId"]
         await browser.wait_text(turn_id, pieces=5, timeout=10)
 
@@ -572,7 +638,7 @@ async def test_a_drone_whose_only_relay_dies_is_noticed_within_the_grace_and_sto
     await store.open()
     browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         turn_id = (await browser.submit("Say a lot"))["turnId"]
         await browser.wait_text(turn_id, pieces=3, timeout=10)
         loop = asyncio.get_running_loop()
@@ -608,7 +674,7 @@ async def test_a_relay_stops_in_under_two_seconds_with_tabs_and_drones_connected
     drone_process(Upstream("openai", openai_peer), server=url)
     token = await person_token(relay_folder(tmp_path) / "hangar.db")
     browsers = [await Browser(url, token).connect() for _ in range(3)]
-    await eventually(lambda: _drones(browsers[0]), timeout=15, what="the drone")
+    await eventually(lambda: listed_drones(browsers[0]), timeout=15, what="the drone")
     turn_id = (await browsers[0].submit("Stream for a while"))["turnId"]
     await browsers[0].wait_text(turn_id, pieces=3, timeout=10)
 
@@ -660,7 +726,7 @@ async def test_the_demo_stops_in_under_two_seconds_with_a_tab_connected(
     process, log, url = await start_demo(tmp_path)
     try:
         browser = await Browser(url, await person_token(database)).connect()
-        await eventually(lambda: _drones(browser), timeout=20, what="the demo's drone")
+        await eventually(lambda: listed_drones(browser), timeout=20, what="the demo's drone")
         ack = await browser.submit("Tell me about abort")  # the demo model streams slowly
         await browser.wait_text(ack["turnId"], pieces=2, timeout=10)
         loop = asyncio.get_running_loop()
@@ -740,7 +806,7 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
     await store.open()
     browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         turn_id = (await browser.submit("Outlast Redis"))["turnId"]
         await browser.wait_text(turn_id, pieces=3, timeout=10)
 
@@ -754,7 +820,7 @@ async def test_a_redis_outage_keeps_drones_listed_and_turns_running(
             own_redis.start()
 
         # The drone is listed again within a heartbeat; the turn was never ended for it.
-        await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+        await eventually(lambda: listed_drones(browser), timeout=10, what="the drone listed again")
         if fault == "restarted-empty":  # what crossed Redis meanwhile is gone: the page resyncs
             await eventually(partial(_resyncs, browser, 1), 10, "a resync notice")
         _, success, message = await browser.completion(turn_id, timeout=30)
@@ -793,13 +859,15 @@ async def test_a_turn_sent_through_another_relay_as_redis_comes_back_empty_start
     browser = await Browser(b.url, await People(Accounts(store)).token("ada")).connect()
     loop = asyncio.get_running_loop()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         for outage in range(3):
             own_redis.kill()
             # The fault; the listeners try again about 1.55 s and 2.55 s in.
             await asyncio.sleep(1.7 + outage * 0.3)
             own_redis.start()
-            await eventually(lambda: _drones(browser), timeout=10, what="the drone listed again")
+            await eventually(
+                lambda: listed_drones(browser), timeout=10, what="the drone listed again"
+            )
             # The browser's relay listens again too: what the other relay publishes before it
             # does is lost, and its browsers are told to resync (the page opens its session
             # again); a script follows suit by waiting for that notice.
@@ -840,7 +908,7 @@ async def test_a_call_waiting_for_approval_can_be_approved_after_redis_restarts_
     await store.open()
     browser = await Browser(a.url, await People(Accounts(store)).token("ada")).connect()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         ack = await browser.submit("List the files, once I say so")
         turn_id = ack["turnId"]
         waiting = await eventually(
@@ -887,7 +955,7 @@ async def test_a_drone_connecting_while_redis_stalls_is_let_in_once_it_answers(
         )
         own_redis.resume()
 
-        await eventually(lambda: _drones(browser), timeout=30, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=30, what="the drone")
         openai_peer.script(Reply(chunks=["in ", "at last"]))
         ack = await browser.submit("After the stall")
         assert await browser.completion(ack["turnId"], timeout=20) == (
@@ -970,7 +1038,7 @@ async def test_an_abort_through_another_relay_while_redis_is_down_still_stops_th
     await store.open()
     browser = await Browser(a.url, await People(Accounts(store)).token("ada")).connect()
     try:
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         turn_id = (await browser.submit("Stream past an outage"))["turnId"]
         await browser.wait_text(turn_id, pieces=3, timeout=10)
 
@@ -1101,7 +1169,7 @@ async def test_a_completion_held_up_past_the_drones_wait_is_delivered_later(
         reply = Reply(chunks=[f"l{i} " for i in range(30)], delay=0.02)
         openai_peer.script(reply)
         await start_drone_on(relay.url, Upstream("openai", openai_peer))
-        await eventually(lambda: _drones(browser), timeout=15, what="the drone")
+        await eventually(lambda: listed_drones(browser), timeout=15, what="the drone")
         turn_id = (await browser.submit("Wait for the table"))["turnId"]
         await browser.wait_text(turn_id, pieces=3, timeout=10)
 
