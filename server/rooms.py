@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -77,9 +78,11 @@ def cursor_of(session: SessionRecord) -> str:
 def parse_cursor(cursor: str) -> SessionCursor | None:
     activity, _, session_id = cursor.partition("~")
     try:
-        return SessionCursor(float(activity), session_id)
+        when = float(activity)
     except ValueError:
         return None
+    # A session's last activity is a time since 1970: never infinite, never negative.
+    return SessionCursor(when, session_id) if math.isfinite(when) and when >= 0 else None
 
 
 class Rooms:

@@ -155,13 +155,17 @@ class Ending(Wire):
     messages: list[NumberedMessage] | None = Field(default=None, max_length=MAX_BUNDLED)
 
 
+UNSEEN_KINDS = frozenset({"Cc", "Cf"})
+"""Unicode's categories of characters drawn as nothing: controls and format characters."""
 BLANK_LETTERS = frozenset("\u115f\u1160\u2800\u3164\uffa0")
 """Letters drawn as nothing: the Hangul fillers and the blank Braille pattern."""
 
 
 def shows(text: str) -> bool:
-    """Whether ``text`` holds a character a person can see: not only white space, invisible
-    format characters (zero-width spaces and joiners, direction marks) and blank letters."""
+    """Whether ``text`` holds a character a person can see: not only white space, control
+    characters (NUL, DEL…), invisible format characters (zero-width spaces and joiners,
+    direction marks) and blank letters."""
     return any(
-        not (c.isspace() or c in BLANK_LETTERS or unicodedata.category(c) == "Cf") for c in text
+        not (c.isspace() or c in BLANK_LETTERS or unicodedata.category(c) in UNSEEN_KINDS)
+        for c in text
     )

@@ -6,12 +6,13 @@ import asyncio
 import signal
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import socketio
 
-from bench.peers import OpenAIPeer, Reply
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server.limits import NOT_UNICODE
 from hangar.server.turns import EMPTY_PROMPT
 from hangar.shared.protocol import (
@@ -172,8 +173,8 @@ async def test_malformed_browser_payloads_get_an_error_ack_and_change_nothing(
 
 @pytest.mark.parametrize(
     "prompt",
-    ["   \n\t ", "\u200b\u200b", "\u200e \ufeff\u2060", "\u3164\u2800"],
-    ids=["white-space", "zero-width-spaces", "marks-and-joiners", "fillers"],
+    ["   \n\t ", "\u200b\u200b", "\u200e \ufeff\u2060", "\u3164\u2800", "\x00\x01\x7f"],
+    ids=["white-space", "zero-width-spaces", "marks-and-joiners", "fillers", "controls"],
 )
 async def test_a_prompt_with_nothing_to_read_is_refused_and_makes_no_session(
     relay: RelayHandle, browser: Browser, prompt: str
@@ -359,3 +360,35 @@ async def test_stop_after_this_step_a_drone_answers_by_stopping_now_ends_the_tur
     ending = await browser.ending(turn_id)
     assert (ending["status"], ending["reason"]) == ("aborted", "unanswered")
     assert ending["endedBy"].startswith("person-")
+
+
+FORGED = "2026-11-28 12:00:00,000 INFO hangar.relay turn ended turn=t_forged status=finished"
+
+
+async def test_a_tool_name_a_model_makes_up_cannot_forge_a_line_of_the_drones_log(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    """README ("Operating"): the logs are one line per event. A call's tool name is the model's
+    to choose: one with a line break wrote a line of its own into the drone's log, and one with
+    an escape sequence cleared the terminal of the person running the drone."""
+    name = f"x\n{FORGED}\x1b[2J"
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall(name, {})]), Reply(chunks=["done"])
+    )
+    drone_process(Upstream("openai", openai_peer), server=relay.url)
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone process")
+    turn_id = (await browser.submit("Call it"))["turnId"]
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "done")
+
+    said = f"tool failed turn={turn_id} tool={name!r}: There is no tool named"
+    log = await eventually(
+        lambda: said in (text := (tmp_path / "proc-drone-0.log").read_text()) and text,
+        timeout=10,
+        what="the drone's line",
+    )
+    assert not [line for line in log.splitlines() if line.startswith(FORGED)]
+    assert "\x1b[2J" not in log

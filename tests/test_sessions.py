@@ -129,10 +129,16 @@ async def test_a_page_request_that_is_malformed_is_refused_with_a_sentence(
 ) -> None:
     bad_cursor = await browser.call("listSessions", {"cursor": "not a cursor"})
     odd_cursor = await browser.call("listSessions", {"cursor": "1.2.3~s_1"})
+    # No relay hands out a time that is not one: these gave the first page, or an empty one.
+    endless = [
+        await browser.call("listSessions", {"cursor": f"{time}~s_1"})
+        for time in ("1e400", "-1e400", "-5")
+    ]
     too_many = await browser.call("listSessions", {"limit": 1000})
 
     assert bad_cursor["ok"] is False and bad_cursor["error"].startswith("Invalid payload (cursor")
     assert odd_cursor == {"ok": False, "error": "Invalid payload (cursor: not a page's next)."}
+    assert endless == [odd_cursor] * 3
     assert too_many["ok"] is False and too_many["error"].startswith("Invalid payload (limit")
 
 
@@ -262,9 +268,10 @@ async def test_a_title_that_is_blank_or_too_long_is_refused(browser: Browser) ->
     ack = await ended_quickly(browser, "Keep this title")
     blank = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": " \n "})
     unseen = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": "\u200b"})
+    nul = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": "\x00"})
     long = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": "x" * 201})
 
-    assert blank == unseen == {"ok": False, "error": EMPTY_TITLE}
+    assert blank == unseen == nul == {"ok": False, "error": EMPTY_TITLE}
     assert long == {  # it spoke of "items"
         "ok": False,
         "error": "Invalid payload (title: String should have at most 200 characters).",

@@ -73,8 +73,9 @@ const TITLE_CHARS = 60;
 const SPACE = /[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]/;
 // Where Python's str.splitlines() ends a line.
 const LINE_BREAK = /\r\n|[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]/;
-// A line that shows nothing (Python's wire.shows): white space, format characters, blank letters.
-const UNSEEN = /^[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\p{Cf}\u115f\u1160\u2800\u3164\uffa0]*$/u;
+// A line that shows nothing (Python's wire.shows): white space, control and format characters,
+// blank letters.
+const UNSEEN = /^[\x20\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\p{Cc}\p{Cf}\u115f\u1160\u2800\u3164\uffa0]*$/u;
 
 function strip(text) {
   let start = 0;
