@@ -1,6 +1,7 @@
 // A tool call waiting for the person: its approval card (what would run, Approve / Deny, "Always
 // for this session"), the answer sent to the relay, and where the keyboard goes meanwhile.
 
+import { hasHidden, revealed, revealedText } from "./hidden-chars.js";
 import { APPROVE_TOOL_CALL } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { announce, byId, h, toast } from "./ui.js";
@@ -15,6 +16,12 @@ const TYPING_MS = 2000;
 /** Error answers share one toast: each replaces the one before. */
 const APPROVAL_TOAST = "approval";
 const COUNT = new Intl.NumberFormat("en");
+/** A run of this many blank lines or more shows as one line saying how many (sixty line ends
+ * would put the end of a command out of the card's box). */
+const BLANK_RUN = 3;
+const BLANK = /^[ \t]*$/;
+/** A command of more lines than this (about what the card's box shows) says how many it has. */
+const MANY_LINES = 10;
 
 let cards = 0;
 
@@ -30,8 +37,45 @@ function parsed(raw) {
 
 const asText = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2) ?? String(value));
 
-function codeBlock(text) {
-  return h("pre", { class: "approval-code" }, h("code", {}, text));
+/** The text as nodes, line by line: characters that do not show as themselves marked out, and
+ * runs of blank lines as one; `blank` is how many lines those runs hold. */
+function shownLines(text) {
+  const lines = text.split("\n");
+  const nodes = [];
+  let blank = 0;
+  for (let i = 0; i < lines.length; ) {
+    let end = i;
+    while (end < lines.length && BLANK.test(lines[end])) end += 1;
+    const run = end - i;
+    const last = (run >= BLANK_RUN ? end : i + 1) === lines.length;
+    if (run >= BLANK_RUN) {
+      nodes.push(h("span", { class: "blank-lines" }, `⟨${COUNT.format(run)} blank lines⟩`));
+      blank += run;
+      i = end;
+    } else {
+      nodes.push(...revealed(lines[i]));
+      i += 1;
+    }
+    if (!last) nodes.push("\n");
+  }
+  return { nodes, blank };
+}
+
+const lineCount = (text) => (text ? text.split("\n").length - (text.endsWith("\n") ? 1 : 0) : 0);
+
+/** Code as it would run, left to right whatever letters it holds; `counted` says how many
+ * lines it has where they would not all fit in its box (or some are drawn as one). */
+function codeBlock(text, { counted = false } = {}) {
+  const { nodes, blank } = shownLines(text);
+  const lines = lineCount(text);
+  const note =
+    counted && (lines > MANY_LINES || blank)
+      ? `${COUNT.format(lines)} lines${blank ? `, ${COUNT.format(blank)} of them blank` : ""}.`
+      : null;
+  return [
+    note ? h("p", { class: "approval-note approval-lines" }, note) : null,
+    h("pre", { class: "approval-code", dir: "ltr" }, h("code", {}, nodes)),
+  ];
 }
 
 /** The question a card asks, by tool. */
@@ -52,17 +96,17 @@ function question(name) {
 function argumentsOf(name, raw) {
   const text = typeof raw === "string" ? raw : "";
   const args = parsed(text);
-  if (!args) return text ? [codeBlock(text)] : [h("p", { class: "approval-note" }, "No arguments.")];
+  if (!args) return text ? codeBlock(text, { counted: true }) : [h("p", { class: "approval-note" }, "No arguments.")];
   if (name === "run_shell" && typeof args.command === "string") {
     const { command, ...rest } = args;
-    return [codeBlock(command), fields(rest)];
+    return [codeBlock(command, { counted: true }), fields(rest)];
   }
   if (name === "write_file" && typeof args.path === "string") {
     const { path, content, ...rest } = args;
     const body = typeof content === "string" ? content : asText(content ?? "");
     const shown = body.slice(0, CONTENT_PREVIEW_CHARS);
     return [
-      h("p", { class: "approval-path" }, "To ", h("code", {}, path), ` (${sizeWords(body)})`),
+      h("p", { class: "approval-path" }, "To ", h("code", { dir: "ltr" }, revealed(path)), ` (${sizeWords(body)})`),
       body ? codeBlock(shown) : h("p", { class: "approval-note" }, "An empty file."),
       shown.length < body.length
         ? h("p", { class: "approval-note" }, `Showing the first ${COUNT.format(shown.length)} characters.`)
@@ -74,7 +118,7 @@ function argumentsOf(name, raw) {
 }
 
 function sizeWords(text) {
-  const lines = text ? text.split("\n").length - (text.endsWith("\n") ? 1 : 0) : 0;
+  const lines = lineCount(text);
   return `${COUNT.format(lines)} ${lines === 1 ? "line" : "lines"}, ${COUNT.format(text.length)} characters`;
 }
 
@@ -84,7 +128,7 @@ function fields(args) {
   return h(
     "dl",
     { class: "approval-fields" },
-    entries.map(([key, value]) => [h("dt", {}, key), h("dd", { dir: "auto" }, asText(value))]),
+    entries.map(([key, value]) => [h("dt", {}, revealed(key)), h("dd", { dir: "auto" }, revealed(asText(value)))]),
   );
 }
 
@@ -93,7 +137,8 @@ function fields(args) {
  * or Deny; `canAnswer` is false for someone watching another person's turn (no buttons then).
  */
 export class ApprovalCard {
-  constructor({ turnId, callId, name, args, depth }, { onAnswer, canAnswer, stopping = false }) {
+  constructor({ turnId, callId, name: given, args, depth }, { onAnswer, canAnswer, stopping = false }) {
+    const name = revealedText(String(given ?? ""));
     this.turnId = turnId;
     this.callId = callId;
     this.pending = false;
@@ -136,9 +181,18 @@ export class ApprovalCard {
       "div",
       { class: "approval", role: "group", "aria-labelledby": titleId, dataset: { callId } },
       this.titleEl,
-      argumentsOf(name, args),
+      argumentsOf(given, args),
       actions,
     );
+    if (hasHidden(String(given ?? "")) || this.el.querySelector(".hidden-char")) {
+      this.titleEl.after(
+        h(
+          "p",
+          { class: "approval-warning" },
+          "This call's text holds invisible or direction-changing characters, shown as ⟨U+…⟩.",
+        ),
+      );
+    }
     this.setStopping(stopping);
   }
 

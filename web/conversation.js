@@ -240,8 +240,9 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
         const theirs = Array.isArray(view.subAgents) ? view.subAgents : [];
         const snapshot = theirs.length > 0 && outputSize(theirs) >= outputSize(mine);
         carried.delete(card.turnId);
-        // An ended turn's snapshot holds none: it keeps what this page showed of it.
-        const restore = card.processing ? snapshot || mine : before && mine;
+        // An ended turn's snapshot holds none: it keeps what this page (or the one before a
+        // reload) showed of it.
+        const restore = card.processing ? snapshot || mine : mine;
         if (restore) restoreSubAgentOutput(card, snapshot ? theirs : mine);
         if (snapshot) card.subAgentSeq = Number(view.subAgentSeq) || 0;
         state.cards.set(card.turnId, card);

@@ -11,6 +11,23 @@ import { markdown, renderPieces, renderTokens } from "./markdown.js";
  */
 const BUSY_SHARE = 0.25;
 
+/**
+ * A table still streaming is one block, drawn again whole each frame: a long one would cost more
+ * per frame with every row (a frame took 300 ms by the end of 1,000 rows). Past this many rows its
+ * complete rows are drawn for good, added to the table as they come, and only its last line (which
+ * may still grow) waits for the next.
+ */
+const TABLE_OPEN_ROWS = 8;
+
+/** How many characters of a table's `raw` its header, delimiter row and first `rows` rows take
+ * (marked reads a table line by line: one row a line, after two of header). */
+function tableLength(raw, rows) {
+  return raw
+    .split("\n")
+    .slice(0, 2 + rows)
+    .reduce((sum, line) => sum + line.length + 1, 0);
+}
+
 const waiting = new Set();
 const drawnListeners = new Set();
 let frame = 0;
@@ -52,6 +69,29 @@ function openFrom(tokens) {
   return Math.max(i, 0);
 }
 
+/**
+ * Make `old` (an open block drawn before) show what `fresh` shows, keeping the nodes that did not
+ * change, and a code block's Copy button always: one pressed while its block streams is still
+ * there when the mouse comes up. Returns the node now in the page.
+ */
+function patch(old, fresh) {
+  const button = old.matches?.("button.copy-code") && fresh.nodeName === "BUTTON";
+  if (button || old.isEqualNode(fresh)) return old;
+  if (old.nodeType !== Node.ELEMENT_NODE || old.nodeName !== fresh.nodeName || old.matches("pre")) {
+    old.replaceWith(fresh);
+    return fresh;
+  }
+  for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
+  for (const { name, value } of fresh.attributes) {
+    if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+  }
+  const kept = [...old.childNodes];
+  const drawn = [...fresh.childNodes];
+  drawn.forEach((node, i) => (i < kept.length ? patch(kept[i], node) : old.append(node)));
+  for (const node of kept.slice(drawn.length)) node.remove();
+  return old;
+}
+
 export class MarkdownView {
   /** @param {Element} el the element the blocks go in (the view owns its children) */
   constructor(el) {
@@ -67,6 +107,9 @@ export class MarkdownView {
     this.lastWasCR = false;
     /** A link definition came after blocks drawn for good, which may refer to it. */
     this.stale = false;
+    /** A long table whose rows so far are drawn for good while more come: its header and
+     * delimiter lines (the text after `settled` is read after them) and its `<tbody>`. */
+    this.table = null;
   }
 
   /** Add streamed text; it is drawn in the next frame the renderer may use. */
@@ -82,7 +125,7 @@ export class MarkdownView {
 
   /** Draw what changed now; `final` when no more text comes (every block is settled then). */
   render(final = false) {
-    if (!this.dirty && !(final && this.open.length)) return;
+    if (!this.dirty && !(final && this.settled < this.source.length)) return;
     this.dirty = false;
     try {
       this.draw(final);
@@ -91,38 +134,94 @@ export class MarkdownView {
     }
   }
 
+  /** Put `fresh` nodes where the open blocks are (patched: what did not change stays); the
+   * first `settling` of them are drawn for good, the others are the open blocks now. */
+  redraw(fresh, settling) {
+    const shown = fresh.map((node, i) => (i < this.open.length ? patch(this.open[i], node) : node));
+    for (const node of this.open.slice(fresh.length)) node.remove();
+    this.el.append(...shown.slice(this.open.length));
+    this.open = shown.slice(settling);
+    return shown;
+  }
+
   /** Draw what is not settled block by block (`renderPieces`); all of it settles if `final`. */
   drawPieces(final) {
-    for (const node of this.open) node.remove();
-    const drawn = renderPieces(this.source.slice(this.settled), { settled: final });
-    this.open = final ? [] : [...drawn.childNodes];
-    if (final) this.settled = this.source.length;
-    this.el.append(drawn);
+    // The rows of a long table still to come are drawn under its header, as a table of their own.
+    const text = (this.table?.head ?? "") + this.source.slice(this.settled);
+    const drawn = [...renderPieces(text, { settled: final }).childNodes];
+    if (final) [this.settled, this.table] = [this.source.length, null];
+    this.redraw(drawn, final ? drawn.length : 0);
   }
 
   draw(final) {
     const lexer = new markdown.Lexer(markdown.defaults);
     Object.assign(lexer.tokens.links, this.links);
-    const tokens = lexer.lex(this.source.slice(this.settled));
-    const split = final ? tokens.length : openFrom(tokens);
-    for (const node of this.open) node.remove();
-    if (split > 0) {
-      const done = tokens.slice(0, split);
-      done.links = tokens.links;
-      this.el.append(renderTokens(done, { settled: true }));
-      const earlier = this.settled > 0;
-      for (const token of done) {
-        this.settled += token.raw.length;
-        if (token.type !== "def") continue;
-        this.links[token.tag] = { href: token.href, title: token.title };
-        if (earlier) this.stale = true;
-      }
+    const head = this.table?.head ?? "";
+    let tokens = lexer.lex(head + this.source.slice(this.settled));
+    if (this.table) {
+      const links = tokens.links;
+      tokens = this.addRows(tokens, final);
+      tokens.links = links;
     }
-    const rest = tokens.slice(split);
-    rest.links = tokens.links;
-    const drawn = rest.length ? renderTokens(rest, { settled: false }) : null;
-    this.open = drawn ? [...drawn.childNodes] : [];
-    if (drawn) this.el.append(drawn);
+    let split = final ? tokens.length : openFrom(tokens);
+    // A link definition still open may yet change ("https://example.co" | "m/"): any block
+    // before it may use it, so none settles until it has.
+    const def = tokens.slice(split).some((token) => token.type === "def");
+    if (def) split = 0;
+    // A long table at the end settles, but for its last line, with the blocks before it.
+    let last = tokens.length - 1;
+    while (last > 0 && tokens[last].type === "space") last -= 1;
+    const table = tokens[last];
+    const long = !final && !def && table?.type === "table" && table.rows.length > TABLE_OPEN_ROWS;
+    if (long) split = last;
+    const done = tokens.slice(0, split);
+    const rest = long ? [] : tokens.slice(split);
+    if (long) done.push({ ...table, rows: table.rows.slice(0, -1) });
+    done.links = rest.links = tokens.links;
+    const settling = done.length ? [...renderTokens(done, { settled: true }).childNodes] : [];
+    const open = rest.length ? [...renderTokens(rest, { settled: false }).childNodes] : [];
+    const earlier = this.settled > 0;
+    for (const token of done) {
+      this.settled += token === done.at(-1) && long ? 0 : token.raw.length;
+      if (token.type !== "def" || token.tag in this.links) continue; // the first one counts
+      this.links[token.tag] = { href: token.href, title: token.title };
+      if (earlier) this.stale = true;
+    }
+    const shown = this.redraw([...settling, ...open], settling.length);
+    if (!long) return;
+    this.settled += tableLength(table.raw, table.rows.length - 1);
+    const lines = table.raw.split("\n");
+    const el = shown.filter((node) => node.nodeName === "TABLE").at(-1);
+    this.table = { head: `${lines[0]}\n${lines[1]}\n`, body: el.tBodies[0] };
+  }
+
+  /**
+   * Add the rows of the long table being drawn that can no longer change (all of them once a
+   * block follows it, or no more text comes) to the table in the page. `tokens` were read from
+   * its header on; returns those after the table once it has ended, none before.
+   */
+  addRows(tokens, final) {
+    const [table, ...after] = tokens;
+    const head = this.table.head;
+    if (table?.type !== "table") {
+      this.table = null; // cannot happen (its header is a table); read the text on its own
+      return new markdown.Lexer(markdown.defaults).lex(this.source.slice(this.settled));
+    }
+    const ended = final || after.some((token) => token.type !== "space");
+    const rows = ended ? table.rows.length : Math.max(table.rows.length - 1, 0);
+    if (rows) {
+      const done = [{ ...table, rows: table.rows.slice(0, rows) }];
+      done.links = tokens.links;
+      const drawn = renderTokens(done, { settled: true }).querySelector("tbody");
+      this.table.body.append(...drawn.childNodes);
+    }
+    if (!ended) {
+      this.settled += tableLength(table.raw, rows) - head.length;
+      return [];
+    }
+    this.settled += table.raw.length - head.length;
+    this.table = null;
+    return after;
   }
 
   /** No more text comes: draw the rest now, for good (all of it again, once, where a link

@@ -122,6 +122,8 @@ export function renderPieces(text, { settled }) {
 
 function decorateCode(code, settled) {
   const pre = code.parentElement;
+  // A fence's info string "language-x" names x (marked would make it "language-language-x").
+  if (code.className.startsWith("language-language-")) code.className = code.className.slice(9);
   const named = /language-([\w+#.-]+)/.exec(code.className)?.[1]?.toLowerCase() ?? "";
   const text = code.textContent;
   let highlighted = null;

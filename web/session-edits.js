@@ -6,6 +6,8 @@ import { answerOf, confirmDialog, h, toast } from "./ui.js";
 
 const MAX_TITLE_CHARS = 200;
 const EMPTY_TITLE = "A session's title cannot be empty.";
+/** The answer of a dialog closed because its session was deleted elsewhere. */
+const GONE = "gone";
 
 /**
  * The sidebar's edits. `list`: `find(id)` a session's view, `itemOf(id)` its <li>,
@@ -81,6 +83,8 @@ export function createSessionEdits(list) {
   }
 
   let dialog = null;
+  /** The session the open dialog asks about. */
+  let asking = null;
 
   /** The confirmation: a modal dialog whose Cancel has the focus. */
   function deleteDialog() {
@@ -110,11 +114,30 @@ export function createSessionEdits(list) {
       : `“${s.title}”${whose} and all its turns will be deleted for good.`;
     confirm.hidden = busy;
     cancel.textContent = busy ? "Close" : "Cancel";
+    asking = sessionId;
     answerOf(d).then((value) => {
+      asking = null;
       if (value === "delete") remove(sessionId);
-      else list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
+      else if (value !== GONE) list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
     });
     cancel.focus();
+  }
+
+  /**
+   * `sessionId` was deleted elsewhere, its item `li` still listed: a dialog asking about it
+   * closes. Returns where the keyboard goes once the item is gone (see `moveOn`) if it was on
+   * the item or in that dialog, else null.
+   */
+  function gone(sessionId, li) {
+    const focused = Boolean(li?.contains(document.activeElement)) || asking === sessionId;
+    if (asking === sessionId) dialog.close(GONE);
+    return focused ? neighbours(li) : null;
+  }
+
+  /** The keyboard moves on to the first of the sessions `near` still listed, or the search box. */
+  function moveOn(near) {
+    const after = near.map((id) => list.itemOf(id)).find((item) => item?.isConnected);
+    (after?.querySelector(".session") ?? list.fallbackFocus).focus();
   }
 
   /** The ids of the sessions listed after and before `li`, nearest first. */
@@ -156,10 +179,8 @@ export function createSessionEdits(list) {
     list.removed(sessionId, { byMe: true });
     toast("Session deleted.");
     // Focus moves on to the next session (or the search box), not to the page's start.
-    if (!hadFocus || !stillThere) return;
-    const after = near.map((id) => list.itemOf(id)).find((item) => item?.isConnected);
-    (after?.querySelector(".session") ?? list.fallbackFocus).focus();
+    if (hadFocus && stillThere) moveOn(near);
   }
 
-  return { startRename, confirmDelete };
+  return { startRename, confirmDelete, gone, moveOn };
 }

@@ -204,6 +204,8 @@ export function createSessionList(state, { conversation, focusPrompt }) {
 
   /** `sessionRemoved {sessionId}`, or a deletion of this page's own. */
   function removed(sessionId, { byMe = deleting.has(sessionId) } = {}) {
+    // Deleted elsewhere: the keyboard moves on from its item (this page's own deletion does so).
+    const near = byMe ? null : edits.gone(sessionId, items.get(sessionId));
     const i = state.sessions.findIndex((s) => s.sessionId === sessionId);
     if (i >= 0) state.sessions.splice(i, 1);
     items.get(sessionId)?.remove();
@@ -214,6 +216,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
       return;
     }
     render();
+    if (near) edits.moveOn(near);
   }
 
   // ---------------------------------------------------------------- scope and search

@@ -1,6 +1,6 @@
-// What a running turn's sub-agents streamed (depth > 0), carried over when its card is built
-// again. The relay's snapshot of a running turn (`openSession`) holds it (`subAgents`, in the
-// shape `subAgentOutput` gives, and `subAgentSeq`: progress numbered up to it is in it already).
+// What a turn's sub-agents streamed (depth > 0), carried over when its card is built again.
+// The relay's snapshot of a running turn (`openSession`) holds it (`subAgents`, in the shape
+// `subAgentOutput` gives, and `subAgentSeq`: progress numbered up to it is in it already).
 // The page also keeps it from the card it had (a reconnect, a resync, the session opened again)
 // and across a reload from sessionStorage (written as the page goes away), and shows whichever
 // holds more: a relay that restarted mid-turn, or whose bound the output passed, holds less.
@@ -122,12 +122,13 @@ export function carriedOver() {
   return carried;
 }
 
-/** Keep the running turns' sub-agent output for the page that loads next in this tab. */
+/** Keep the turns' sub-agent output for the page that loads next in this tab: the relay's
+ * snapshot holds a running turn's, and none of an ended turn's (the running ones go first). */
 export function carryOver(cards) {
   const turns = {};
   let chars = 0;
-  for (const card of cards) {
-    if (!card.processing) continue;
+  const order = [...cards].sort((a, b) => Number(b.processing) - Number(a.processing));
+  for (const card of order) {
     const runs = subAgentOutput(card);
     if (!runs.length) continue;
     chars += JSON.stringify(runs).length;

@@ -1,5 +1,6 @@
 // One tool call of a turn as a compact line: name, arguments, state badge and its result.
 
+import { revealed, revealedText } from "./hidden-chars.js";
 import { argsPreview, h, preview } from "./ui.js";
 
 /** The wire's `ToolActivity.state` -> the badge's words. */
@@ -75,7 +76,11 @@ export class ToolLine {
   }
 
   update(ev) {
-    if (ev.name) this.name = this.nameEl.textContent = ev.name;
+    if (ev.name) {
+      this.name = ev.name;
+      // A name without spaces may be cut on a narrow line: whole in its tooltip.
+      this.nameEl.textContent = this.nameEl.title = revealedText(String(ev.name));
+    }
     if (ev.arguments !== undefined && ev.arguments !== null) {
       this.arguments = ev.arguments;
       this.drawArgs(this.argsEl.ariaExpanded === "true");
@@ -101,8 +106,10 @@ export class ToolLine {
     const shown = argsPreview(this.arguments);
     const cut = shown !== argsPreview(this.arguments, Infinity);
     const el = this.argsEl;
-    el.textContent = whole && cut ? wholeArgs(this.arguments) : shown;
-    el.title = cut && !whole ? preview(this.arguments, 2000) : "";
+    // Characters that would not show as themselves (direction controls, zero-width ones) are
+    // marked out: `⟨U+2067⟩`.
+    el.replaceChildren(...revealed(whole && cut ? wholeArgs(this.arguments) : shown));
+    el.title = cut && !whole ? revealedText(preview(this.arguments, 2000)) : "";
     el.classList.toggle("whole", whole && cut);
     if (cut) {
       el.role = "button";

@@ -34,10 +34,13 @@ function append(el, children) {
   }
 }
 
-/** Shorten `text` to at most `max` characters on one line. */
+/** Shorten `text` to at most `max` characters on one line, never cutting one in half (an emoji
+ * is two UTF-16 units: half of it shows as "�"). */
 export function preview(text, max = 80) {
   const oneLine = String(text ?? "").replace(/\s+/g, " ").trim();
-  return oneLine.length > max ? `${oneLine.slice(0, max - 1)}…` : oneLine;
+  if (oneLine.length <= max) return oneLine;
+  const cut = oneLine.slice(0, max - 1);
+  return `${/[\uD800-\uDBFF]$/.test(cut) ? cut.slice(0, -1) : cut}…`;
 }
 
 /** A compact one-line rendering of tool arguments (a JSON object in a string). */

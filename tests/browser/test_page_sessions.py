@@ -1,6 +1,7 @@
 """The sessions sidebar in real Chromium: sessions by last activity, renamed inline from the
 keyboard, deleted after a confirmation, searched on the relay, loaded a page at a time as the
-list scrolls, changed by another browser, and on a phone a drawer of whole titles."""
+list scrolls, changed by another browser (the keyboard moving on from one it deletes), and on a
+phone a drawer of whole titles."""
 
 from __future__ import annotations
 
@@ -291,6 +292,33 @@ async def test_another_browsers_changes_show_at_once(
     )
     assert (await listed(page))[0] == ack["sessionId"]
     await expect(item(page, ack["sessionId"]).locator(".session-queued")).to_have_text("queued")
+
+
+async def test_a_session_deleted_elsewhere_closes_what_was_open_on_it_and_the_keyboard_moves_on(
+    page: Page, relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    """Deleted by another browser while being renamed here, it took the keyboard's place with
+    it (to the page's start); while its deletion was being confirmed here, the dialog stayed
+    open, about a session no longer listed."""
+    ids = await open_with(page, relay, ["First", "Second", "Third"])
+    other = await browsers(PERSON)
+
+    await page.get_by_role("button", name="Rename session: Second").click()
+    title = page.get_by_role("textbox", name="Session title")
+    await expect(title).to_be_focused()
+    await page.keyboard.type(", renamed")
+    await other.call("deleteSession", {"sessionId": ids[1]})
+    await expect(item(page, ids[1])).to_have_count(0)
+    await expect(item(page, ids[2])).to_be_focused()  # the next session
+
+    dialog = page.get_by_role("dialog", name="Delete this session?")
+    await page.get_by_role("button", name="Delete session: Third").click()
+    await expect(dialog).to_be_visible()
+    await other.call("deleteSession", {"sessionId": ids[2]})
+    await expect(dialog).to_be_hidden()
+    await expect(item(page, ids[0])).to_be_focused()  # the one before: none is after it
+    await expect(page.locator("#toasts .toast.error")).to_have_count(0)
+    assert await listed(page) == [ids[0]]
 
 
 async def test_a_phone_lists_whole_distinct_titles_in_a_drawer(

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Locator, Page, expect
 
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit, turn_id_of
@@ -79,6 +79,17 @@ async def looks_around(drone: HandDrone, turn_id: str, files: str) -> None:
     await drone.tool(turn_id, "ls1", "end", name="list_directory", result=files, depth=1)
 
 
+async def ends_with_one_file(drone: HandDrone, turn_id: str) -> None:
+    """The sub-agent's call ends ("One file."), and the turn with a sentence of its own."""
+    await drone.tool(turn_id, "spawn1", "end", name="spawn_subagent", result="One file.")
+    result = {"role": "tool", "content": "One file.", "toolCallId": "spawn1"}
+    await drone.message(turn_id, 1, {**result, "name": "spawn_subagent"})
+    await drone.text(turn_id, "The helper found one file.")
+    answer = {"role": "assistant", "content": "The helper found one file."}
+    await drone.message(turn_id, 2, answer)
+    await drone.complete(turn_id, True, "Done.")
+
+
 async def watching(page: Page, turn_id: str) -> Page:
     """A second tab of the same person on the same session, left open throughout: it has the
     session's snapshot (the sub-agent's call running), so it gets all that follows."""
@@ -94,6 +105,15 @@ async def reload(page: Page) -> None:
     await expect(page.locator("#connection")).to_have_attribute(
         "data-state", "connected", timeout=WAIT_MS
     )
+
+
+async def reloaded(page: Page, turn_id: str, status: str, expected: Any) -> Locator:
+    """Reload ``page``: the turn comes back ``status``, showing ``expected``; returns it."""
+    await reload(page)
+    turn = page.locator(f'article.turn[data-turn-id="{turn_id}"]')
+    await expect(turn).to_have_class(has_class(status), timeout=WAIT_MS)
+    await shows_the_same(page, turn_id, expected)
+    return turn
 
 
 class HeldSnapshot:
@@ -174,10 +194,7 @@ async def test_a_reload_mid_sub_agent_shows_what_a_page_that_stayed_open_shows(
         before = await settled(stayed, turn_id, "the notes")
         await settled(page, turn_id, "the notes")
 
-        await reload(page)
-        turn = page.locator(f'article.turn[data-turn-id="{turn_id}"]')
-        await expect(turn).to_have_class(has_class("processing"), timeout=WAIT_MS)
-        await shows_the_same(page, turn_id, before)
+        turn = await reloaded(page, turn_id, "processing", before)
 
         # The sub-agent goes on where it was: its list continues, it is not started afresh.
         await drone.text(turn_id, ".txt`, the plan\n\nBoth are short.", depth=1)
@@ -291,16 +308,27 @@ async def test_a_turn_that_ended_while_the_page_was_away_keeps_the_sub_agent_out
         await settled(page, turn_id, "One file")
 
         await drop_connection(page)
-        await drone.tool(turn_id, "spawn1", "end", name="spawn_subagent", result="One file.")
-        result = {"role": "tool", "content": "One file.", "toolCallId": "spawn1"}
-        await drone.message(turn_id, 1, {**result, "name": "spawn_subagent"})
-        await drone.text(turn_id, "The helper found one file.")
-        answer = {"role": "assistant", "content": "The helper found one file."}
-        await drone.message(turn_id, 2, answer)
-        await drone.complete(turn_id, True, "Done.")
+        await ends_with_one_file(drone, turn_id)
         expected = await settled(stayed, turn_id, "found one file")
         await connect_again(page)
 
         turn = page.locator(f'article.turn[data-turn-id="{turn_id}"]')
         await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
         await shows_the_same(page, turn_id, expected)
+
+
+async def test_a_reload_after_the_turn_ended_keeps_its_sub_agent_output(
+    page: Page, relay: RelayHandle
+) -> None:
+    """The snapshot of an ended turn holds none of its sub-agents' output: a reload showed the
+    turn without it, unlike the tab that stayed open."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn_id = await start_delegating(page, drone)
+        stayed = await watching(page, turn_id)
+        await looks_around(drone, turn_id, "a.txt")
+        await ends_with_one_file(drone, turn_id)
+        expected = await settled(stayed, turn_id, "found one file")
+        await settled(page, turn_id, "found one file")
+
+        await reloaded(page, turn_id, "finished", expected)
