@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,6 +49,12 @@ QUEUE_LOCK = 726543
 
 MIGRATIONS = migrations("postgresql")
 
+STALLED_TRANSACTION = 3.0
+"""Seconds PostgreSQL lets a transaction wait on its relay before it ends the relay's session:
+a relay frozen in a transaction (stopped, its machine paused or gone) held its locks for as long,
+and one frozen in its claim of queued turns held up every relay's queue (``CLAIM_LOCK``). No
+transaction of a relay waits on anything but the database."""
+
 
 class PostgresTurnStore:
     def __init__(self, url: str, *, relay: bool = False, deployment: str | None = None) -> None:
@@ -63,10 +70,20 @@ class PostgresTurnStore:
             raise RuntimeError("The store is not open.")
         return self._pool
 
+    def _settings(self) -> dict[str, str]:
+        """Each connection's settings: its name in ``pg_stat_activity`` says which process it
+        is (``hangar relay 4242``)."""
+        return {
+            "application_name": f"hangar {'relay ' if self._guard else ''}{os.getpid()}",
+            "idle_in_transaction_session_timeout": str(int(STALLED_TRANSACTION * 1000)),
+        }
+
     async def open(self) -> None:
         # No standing connections: asyncpg would otherwise try to restore them while the
         # database is down, logging a traceback each time.
-        self._pool = await asyncpg.create_pool(self.url, min_size=0, max_size=10)
+        self._pool = await asyncpg.create_pool(
+            self.url, min_size=0, max_size=10, server_settings=self._settings()
+        )
         async with self.pool.acquire() as db, db.transaction():
             # One relay migrates at a time; the others wait on the lock, then find it done.
             await db.execute("SELECT pg_advisory_xact_lock(726541)")

@@ -24,7 +24,7 @@ from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
 from hangar.server.directory import DRONE_CALL_TIMEOUT
 from hangar.server.drones import ALREADY_CONNECTED
-from hangar.server.postgres_store import PostgresTurnStore
+from hangar.server.postgres_store import CLAIM_LOCK, PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
@@ -305,6 +305,58 @@ async def test_an_order_sent_through_a_relay_that_freezes_or_dies_follows_the_dr
     assert took < DRONE_CALL_TIMEOUT * 0.7, f"the order reached the drone after {took:.1f} s"
     assert len(browser.completions(turn_id)) == 1
     assert "Traceback" not in a.log.read_text()
+
+
+CLAIM_TAKER = """
+    SELECT string_agg(CASE WHEN l.granted THEN 'holds' ELSE 'waits' END, ',')
+    FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.objid = $1 AND a.application_name = $2
+"""
+"""Whether the relay named ``$2`` holds the claim lock ``$1``, waits for it, or neither (NULL)."""
+
+
+async def claim_is(store: PostgresTurnStore, name: str, state: str) -> bool:
+    return bool(await store.pool.fetchval(CLAIM_TAKER, CLAIM_LOCK, name) == state)
+
+
+async def test_a_relay_frozen_in_the_middle_of_a_claim_does_not_stop_the_other_relays_queue(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    # Relay b freezes (stopped, its machine paused) inside its claim of queued turns, holding the
+    # lock that lets one relay claim at a time; relay a's drone must still get a's work.
+    a, b = await relay_processes(), await relay_processes()
+    drone_process(Upstream("openai", openai_peer), server=a.url)
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    name = f"hangar relay {b.process.pid}"
+    async with store.pool.acquire() as db:
+        tx = db.transaction()
+        await tx.start()
+        await db.execute("SELECT pg_advisory_xact_lock($1)", CLAIM_LOCK)
+        # b's sweep claims every second: it waits for the lock held here, and is stopped then.
+        await eventually(
+            lambda: claim_is(store, name, "waits"), timeout=10, what="b to wait for the lock"
+        )
+        b.process.send_signal(signal.SIGSTOP)
+        await tx.rollback()
+    try:
+        await eventually(lambda: claim_is(store, name, "holds"), what="b to hold the lock")
+        openai_peer.script(Reply(chunks=["not held ", "up"]))
+        turn_id = (await browser.submit("Past the frozen relay"))["turnId"]
+        assert await browser.completion(turn_id, timeout=15) == (turn_id, True, "not held up")
+        assert b.process.returncode is None  # still frozen: its database session was ended
+    finally:
+        b.process.send_signal(signal.SIGCONT)
+    # b, woken, claims again on a new connection: a turn sent through it runs too.
+    other: Browser = await open_browser(b.url)
+    openai_peer.script(Reply(chunks=["b is ", "back"]))
+    turn_id = (await other.submit("Through the relay that froze"))["turnId"]
+    assert await other.completion(turn_id, timeout=15) == (turn_id, True, "b is back")
+    assert "Traceback" not in b.log.read_text()
 
 
 async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
