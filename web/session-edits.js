@@ -6,6 +6,7 @@ import { answerOf, confirmDialog, h, toast } from "./ui.js";
 
 const MAX_TITLE_CHARS = 200;
 const EMPTY_TITLE = "A session's title cannot be empty.";
+const TITLE_FULL = `A title holds ${MAX_TITLE_CHARS} characters at most.`;
 /** The answer of a dialog closed because its session was deleted elsewhere. */
 const GONE = "gone";
 
@@ -31,7 +32,13 @@ export function createSessionEdits(list) {
       spellcheck: "false",
     });
     input.value = s.title || "";
-    const form = h("form", { class: "session-rename-form" }, input);
+    // The field takes no more than the relay keeps: said once it is full, not cut without a word.
+    const limit = h("span", { class: "session-rename-limit", "aria-live": "polite" });
+    const full = () => {
+      limit.textContent = input.value.length >= MAX_TITLE_CHARS ? TITLE_FULL : "";
+    };
+    input.addEventListener("input", full);
+    const form = h("form", { class: "session-rename-form" }, input, limit);
     li.classList.add("renaming");
     li.prepend(form);
     input.focus();
@@ -103,6 +110,18 @@ export function createSessionEdits(list) {
     const s = list.find(sessionId);
     if (!s) return;
     const d = deleteDialog();
+    const [cancel] = fill(d, s);
+    asking = sessionId;
+    answerOf(d).then((value) => {
+      asking = null;
+      if (value === "delete") remove(sessionId);
+      else if (value !== GONE) list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
+    });
+    cancel.focus();
+  }
+
+  /** The dialog `d` says what may be done with `s` as it is now; returns its buttons. */
+  function fill(d, s) {
     const busy = list.busy(s);
     const [cancel, confirm] = d.querySelectorAll(".dialog-actions button");
     const whose = s.ownerName ? `, ${s.ownerName}'s session,` : "";
@@ -112,15 +131,17 @@ export function createSessionEdits(list) {
     d.querySelector(".dialog-body").textContent = busy
       ? `“${s.title}” has a turn running or waiting in line. Stop it before deleting the session.`
       : `“${s.title}”${whose} and all its turns will be deleted for good.`;
+    if (busy && d.contains(document.activeElement)) cancel.focus(); // not on a hidden Delete
     confirm.hidden = busy;
     cancel.textContent = busy ? "Close" : "Cancel";
-    asking = sessionId;
-    answerOf(d).then((value) => {
-      asking = null;
-      if (value === "delete") remove(sessionId);
-      else if (value !== GONE) list.itemOf(sessionId)?.querySelector('[data-action="delete"]')?.focus();
-    });
-    cancel.focus();
+    return [cancel, confirm];
+  }
+
+  /** A session's view changed (a turn of it started or ended, here or in another browser): a
+   * dialog asking about it says what holds now. */
+  function changed(sessionId) {
+    const s = asking === sessionId ? list.find(sessionId) : null;
+    if (s) fill(dialog, s);
   }
 
   /**
@@ -182,5 +203,5 @@ export function createSessionEdits(list) {
     if (hadFocus && stillThere) moveOn(near);
   }
 
-  return { startRename, confirmDelete, gone, moveOn };
+  return { startRename, confirmDelete, changed, gone, moveOn };
 }

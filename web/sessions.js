@@ -179,6 +179,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
       render();
       renderHeader();
     }
+    edits.changed(view.sessionId);
   }
 
   function remember(view) {
@@ -279,6 +280,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
       changedHere = true;
     }
     if (changedHere || queuedKey(queuedSessions()) !== shownQueued) render();
+    edits.changed(card.sessionId);
   }
 
   /** Sessions with a queued turn, of those whose turns this page follows. */

@@ -229,6 +229,51 @@ async def test_a_session_whose_turn_waits_is_not_deleted_and_the_page_says_why(
     assert await relay.relay.store.get_session(ids[0]) is not None
 
 
+async def test_a_delete_asked_while_another_browser_starts_a_turn_there_is_offered_no_more(
+    page: Page, relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    """The dialog offered Delete for a session another browser had started a turn in (the relay
+    then refused it); it now says why not, as when the turn had started before it opened."""
+    ids = await open_with(page, relay, ["First", "Second"])
+    other = await browsers(PERSON)
+    await page.get_by_role("button", name="Delete session: Second").click()
+    asking = page.get_by_role("dialog", name="Delete this session?")
+    await asking.get_by_role("button", name="Delete").focus()
+
+    await other.submit("Asked from a phone", sessionId=ids[1])
+
+    told = page.get_by_role("dialog", name="Stop its turns first")
+    await expect(told).to_contain_text("has a turn running or waiting in line")
+    await expect(told.get_by_role("button", name="Delete")).to_have_count(0)
+    await expect(told.get_by_role("button", name="Close")).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(told).to_be_hidden()
+    assert await listed(page) == [ids[1], ids[0]]
+    assert await relay.relay.store.get_session(ids[1]) is not None
+
+
+async def test_a_title_typed_to_its_limit_says_so(page: Page, relay: RelayHandle) -> None:
+    """The field stopped taking characters at 200 without a word."""
+    ids = await open_with(page, relay, ["Short"])
+    await page.get_by_role("button", name="Rename session: Short").click()
+    title = page.get_by_role("textbox", name="Session title")
+    limit = page.locator("#sessions .session-rename-limit")
+    await title.fill("t" * 198)
+    await page.keyboard.type("i")
+    await expect(limit).to_be_hidden()
+
+    await page.keyboard.type("tle")  # one more fits
+    await expect(title).to_have_value("t" * 198 + "it")
+    await expect(limit).to_have_text("A title holds 200 characters at most.")
+    await expect(limit).to_be_visible()
+    await page.keyboard.press("Backspace")
+    await expect(limit).to_be_hidden()
+    await page.keyboard.type("t")
+    await page.keyboard.press("Enter")
+    stored = await relay.relay.store.get_session(ids[0])
+    assert stored is not None and stored.title == "t" * 198 + "it"
+
+
 async def test_search_asks_the_relay_and_finds_titles_and_prompts(
     page: Page, relay: RelayHandle
 ) -> None:
