@@ -240,15 +240,19 @@ async def test_a_delete_asked_while_another_browser_starts_a_turn_there_is_offer
     asking = page.get_by_role("dialog", name="Delete this session?")
     await asking.get_by_role("button", name="Delete").focus()
 
-    await other.submit("Asked from a phone", sessionId=ids[1])
+    turn_id = (await other.submit("Asked from a phone", sessionId=ids[1]))["turnId"]
 
     told = page.get_by_role("dialog", name="Stop its turns first")
     await expect(told).to_contain_text("has a turn running or waiting in line")
     await expect(told.get_by_role("button", name="Delete")).to_have_count(0)
     await expect(told.get_by_role("button", name="Close")).to_be_focused()
-    await page.keyboard.press("Enter")
-    await expect(told).to_be_hidden()
     assert await listed(page) == [ids[1], ids[0]]
+
+    await other.abort(turn_id)  # the turn ends: Delete is offered again
+    await expect(asking.get_by_role("button", name="Delete")).to_be_visible()
+    await expect(asking.get_by_role("button", name="Cancel")).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(asking).to_be_hidden()
     assert await relay.relay.store.get_session(ids[1]) is not None
 
 
