@@ -265,6 +265,11 @@ class RelayConnection:
         where = ", ".join(map(without_password, self.urls))
         raise ConnectionError(f"Cannot reach the relay at {where}.")
 
+    def forget_refusal(self) -> None:
+        """A refusal that may not hold when the drone comes again (``ALREADY_CONNECTED``)."""
+        self.refusal = None
+        self.refused.clear()
+
     async def wait_refused(self) -> str:
         """Return when a reconnect is refused (the token was revoked, say)."""
         # Not sio.wait(): cancelling a task that awaits it would cancel engineio's read loop.

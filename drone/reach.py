@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from hangar.shared.abort import AbortSignal
+from hangar.shared.protocol import ALREADY_CONNECTED
 
-from .connection import RelayConnection
+from .connection import DroneRefusedError, RelayConnection
 
 log = logging.getLogger("hangar.drone")
 
@@ -20,6 +21,11 @@ RETRY_DELAYS = (1.0, 2.0, 3.0, 5.0)
 """Seconds between attempts to reach a relay that is not up yet (the last one repeats)."""
 LOOK_WITHIN = 3.0
 """Seconds a look at what answers at a relay's address may take."""
+ALREADY_WAIT = 20.0
+"""Seconds a drone keeps coming again while a relay says a drone with its id is connected
+already: one started again after it hung, or its machine went away, is that drone, and the
+relay lets its earlier connection go within its grace. A second drone on the token is refused
+for good then."""
 ENGINE_PATH = "/socket.io/?EIO=4&transport=polling"
 """Where a relay (any socket.io server) answers a plain HTTP request with a session."""
 
@@ -32,10 +38,26 @@ async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
     deployed), but the warning says what answers there.
     """
     attempt = 0
+    already_until: float | None = None
     while not signal.aborted:
         try:
             await connection.connect()
             return True
+        except DroneRefusedError as error:
+            now = asyncio.get_running_loop().time()
+            already_until = already_until or now + ALREADY_WAIT
+            if str(error) != ALREADY_CONNECTED or now >= already_until:
+                raise
+            connection.forget_refusal()
+            log.warning(
+                "%s: if this drone was started again, the relay has not yet let its earlier "
+                "connection go; trying again for up to %.0f s",
+                error,
+                already_until - now,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), RETRY_DELAYS[0])
+            continue
         except ConnectionError:
             pass
         delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]

@@ -19,6 +19,7 @@ import socketio
 from pydantic import ValidationError
 
 from hangar.shared.protocol import (
+    ALREADY_CONNECTED,
     DISMISSED,
     DRONE_NAMESPACE,
     PROGRESS,
@@ -46,7 +47,6 @@ from .store import Ending
 
 TOKEN_REQUIRED = "A drone token is required."
 INVALID_TOKEN = "Invalid drone token."
-ALREADY_CONNECTED = "A drone with this id is connected already."
 TOKEN_REVOKED = "The drone's token was revoked."
 OWN_TOKEN = "The drone {} has a token of its own; connect with that token."
 UNREADABLE_ENDING = "The drone reported this turn's end in a form the relay cannot take:"

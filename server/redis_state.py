@@ -90,9 +90,11 @@ class RedisLiveState:
         listed only then, or an order sent to one through another relay would be lost."""
         self._reachable = True
         self._endings_doubted = False
-        self._trusted_from = time.time()
+        self._trusted_from = 0.0
         """Drone entries are judged by their age from here at most: after Redis failed (it
-        stalled, or restarted empty) the relays need a heartbeat to write theirs again."""
+        stalled, or restarted empty) the relays need a heartbeat to write theirs again. Not from
+        this relay's start: started again after it died with its drones, it took their entries
+        for live ones, refused them back under their ids and sent them work, for seconds."""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))

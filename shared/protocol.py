@@ -84,6 +84,7 @@ open the session again for a fresh snapshot."""
 # relay -> drone
 WORK_ORDER = "workOrder"
 DISMISSED = "dismissed"  # {reason}: the relay drops this drone for good (its token was revoked)
+ALREADY_CONNECTED = "A drone with this id is connected already."  # another instance has it
 
 ABORTED = "aborted"  # the message of workOrderComplete(turnId, True, "aborted")
 

@@ -22,9 +22,10 @@ from hangar.server.access import BAD_FORM, BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOG
 from hangar.server.accounts import FAILURE_WINDOW, MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
-from hangar.server.drones import ALREADY_CONNECTED, INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
+from hangar.server.drones import INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
+    ALREADY_CONNECTED,
     DRONE_NAMESPACE,
     IDE_NAMESPACE,
     NOT_LOGGED_IN,

@@ -24,11 +24,15 @@ from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
 from hangar.server.directory import DRONE_CALL_TIMEOUT
-from hangar.server.drones import ALREADY_CONNECTED
 from hangar.server.postgres_store import CLAIM_LOCK, PostgresTurnStore
 from hangar.server.store import TurnRecord
 from hangar.server.turns import queue_full
-from hangar.shared.protocol import ABORT_SIGNALED, DRONE_NAMESPACE, TERMINAL_STATUSES
+from hangar.shared.protocol import (
+    ABORT_SIGNALED,
+    ALREADY_CONNECTED,
+    DRONE_NAMESPACE,
+    TERMINAL_STATUSES,
+)
 from tests.conftest import DRONE_TOKEN, Browser, People, Upstream, drone_hello, eventually
 from tests.test_cli import hangar
 
@@ -361,6 +365,68 @@ async def test_a_relay_frozen_in_the_middle_of_a_claim_does_not_stop_the_other_r
     turn_id = (await other.submit("Through the relay that froze"))["turnId"]
     assert await other.completion(turn_id, timeout=15) == (turn_id, True, "b is back")
     assert "Traceback" not in b.log.read_text()
+
+
+async def test_a_relay_started_again_sends_no_work_to_the_drone_that_died_with_it(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+) -> None:
+    """A relay took every drone entry in Redis for a live one in its first seconds: started
+    again after it died with its drone, it sent that drone's queued turn to it (the turn ended
+    in error, never run) and refused the drone, started again too, as "connected already"."""
+    token = await Accounts(store).create_drone_token("d1")
+    a, b = await relay_processes(), await relay_processes()
+    drone = drone_process(Upstream("openai", openai_peer), server=a.url, name="d1", token=token)
+    browser: Browser = await open_browser(b.url)
+    await drones_seen_from(browser)
+    openai_peer.script(SLOW, Reply(chunks=["ran ", "after all"]))
+    first = (await browser.submit("Keep the drone busy"))["turnId"]
+    await browser.wait_text(first, pieces=1, timeout=10)
+    waiting = (await browser.submit("Wait for the drone"))["turnId"]  # its one slot is taken
+    a.kill()
+    drone.kill()
+    assert (await browser.completion(first, timeout=15))[1] is False  # its drone is gone
+
+    again = await relay_processes()
+    drone_process(Upstream("openai", openai_peer), server=again.url, name="d1", token=token)
+
+    assert await browser.completion(waiting, timeout=20) == (waiting, True, "ran after all")
+    assert len(openai_peer.requests) == 2
+
+
+async def test_a_drone_started_again_while_its_earlier_self_hangs_comes_in_once_let_go(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+    tmp_path: Path,
+) -> None:
+    """Its machine hung, the drone is started again (elsewhere): the relay still holds the hung
+    connection for its grace and refuses the drone's id meanwhile. The new drone exited at once,
+    for good; it comes again until the relay lets the old connection go."""
+    token = await Accounts(store).create_drone_token("d1")
+    relay = await relay_processes(drone_grace=5.0)
+    hung = drone_process(Upstream("openai", openai_peer), server=relay.url, name="d1", token=token)
+    browser: Browser = await open_browser(relay.url)
+    await drones_seen_from(browser)
+    hung.send_signal(signal.SIGSTOP)
+    try:
+        new = drone_process(
+            Upstream("openai", openai_peer), server=relay.url, name="d1", token=token
+        )
+        log = tmp_path / "d1-1.log"
+        await eventually(lambda: ALREADY_CONNECTED in log.read_text(), 15, "a refusal")
+        await eventually(lambda: relays_joined(log), timeout=20, what="the drone let in")
+        openai_peer.script(Reply(chunks=["the new ", "one"]))
+        turn_id = (await browser.submit("Who runs this?"))["turnId"]
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "the new one")
+        assert new.poll() is None
+    finally:
+        hung.kill()
 
 
 async def test_a_drone_killed_mid_stream_ends_its_turn_in_error(
