@@ -308,7 +308,7 @@ def add_log_level(parser: argparse.ArgumentParser, top: bool = False) -> None:
         env="HANGAR_LOG_LEVEL" if top else (),
         default="INFO" if top else argparse.SUPPRESS,
         check=log_level,
-        help="debug, info, warning or error (HANGAR_LOG_LEVEL; default info)",
+        help="debug, info, warning, error or critical (HANGAR_LOG_LEVEL; default info)",
     )
 
 
