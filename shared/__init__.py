@@ -15,7 +15,10 @@ def main() -> int:
     try:
         import signal
 
-        hold = hasattr(signal, "pthread_sigmask")
+        # Held back unless ignored from the start (a script's background job): then it stays so.
+        hold = hasattr(signal, "pthread_sigmask") and signal.getsignal(signal.SIGINT) is not (
+            signal.SIG_IGN
+        )
         if hold:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         from .cli import main as run

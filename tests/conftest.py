@@ -361,6 +361,11 @@ def ignore_hangup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def ignore_interrupt() -> None:
+    """As a shell script starts a job in the background: Ctrl-C ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture
 def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start ``hangar drone`` as a real subprocess (for tests that kill it)."""
@@ -375,8 +380,10 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         env: dict[str, str] | None = None,
         token: str = DRONE_TOKEN,
         nohup: bool = False,
+        background: bool = False,
     ) -> subprocess.Popen[bytes]:
-        """``nohup``: started with SIGHUP ignored, as ``nohup hangar drone …`` starts it."""
+        """``nohup``: started with SIGHUP ignored, as ``nohup hangar drone …`` starts it;
+        ``background``: with SIGINT ignored, as ``hangar drone … &`` in a script starts it."""
         settings = upstream.drone_settings()
         args = [
             *HANGAR, "drone", "--server", server,
@@ -391,7 +398,8 @@ def drone_process(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         log = open(tmp_path / f"{name}-{len(started)}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
             args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=env and {**os.environ, **env}, preexec_fn=ignore_hangup if nohup else None,
+            env=env and {**os.environ, **env},
+            preexec_fn=ignore_hangup if nohup else ignore_interrupt if background else None,
         )  # fmt: skip
         log.close()
         started.append(process)
