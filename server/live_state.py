@@ -181,7 +181,12 @@ class LiveState(Protocol):
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         """What ``keep_sub_agent`` kept of the turn, in order."""
 
-    async def abort_started(self, turn_id: str) -> None: ...
+    async def abort_started(self, turn_id: str, by: str) -> None:
+        """``by`` asked to abort the turn; the drone's answer is awaited."""
+
+    async def abort_asker(self, turn_id: str) -> str | None:
+        """Who asked, through any relay, to abort the turn (None if no one, or unknown): the
+        drone's relay names them in the ending when the database could not keep it."""
 
     async def abort_answered(self, turn_id: str) -> None: ...
 
@@ -328,8 +333,11 @@ class LocalLiveState:
     async def sub_agent_events(self, turn_id: str) -> list[dict[str, Any]]:
         return list(self.subs.get(turn_id, ()))
 
-    async def abort_started(self, turn_id: str) -> None:
+    async def abort_started(self, turn_id: str, by: str) -> None:
         self.aborts[turn_id] = asyncio.Event()
+
+    async def abort_asker(self, turn_id: str) -> str | None:
+        return None  # one relay: it knows who asked (``abort_asked_by``)
 
     async def abort_answered(self, turn_id: str) -> None:
         event = self.aborts.pop(turn_id, None)

@@ -165,7 +165,11 @@ class Reaper:
         self.timers.pop(turn_id, None)
         self.delivering.discard(turn_id)
         assert self.endings is not None
-        if await self.endings.end_turn(turn_id, Ending("aborted", ABORTED, "unanswered")):
+        # Named here too: the database's note of who asked may land after this ending (a lock).
+        ending = Ending(
+            "aborted", ABORTED, "unanswered", ended_by=self.endings.abort_asked_by.get(turn_id)
+        )
+        if await self.endings.end_turn(turn_id, ending):
             log.warning("abort watchdog ended turn=%s: no completion from the drone", turn_id)
 
     async def _orphan_timeout(self, turn_id: str, drone_id: str) -> None:

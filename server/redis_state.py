@@ -2,8 +2,7 @@
 
 Redis may stall or restart empty: every call is bounded (``CALL_TIMEOUT``); what is only
 bookkeeping (aborts in flight) fails quietly; the heartbeat keeps going through errors and
-writes this relay's drones back as soon as Redis answers again.
-"""
+writes this relay's drones back as soon as Redis answers again."""
 
 from __future__ import annotations
 
@@ -27,9 +26,9 @@ from .live_state import ENDED_READ, DroneRoute, LiveText
 log = logging.getLogger("hangar.relay")
 
 ABORT_TTL = 60
+ABORT_BY_TTL = 3600  # seconds who asked to abort a turn is kept, for its ending
 KEPT_FOR = 30 * 24 * 3600
-"""Seconds a turn's live text, waiting calls and sub-agent output are kept at most (they go when
-the turn ends)."""
+"""Seconds a turn's live text, waiting calls and sub-agent output are kept at most (to its end)."""
 ENDED_KEPT = 10_000
 """Endings the relays' stream of ended turns keeps (about: Redis trims it in whole blocks)."""
 CALL_TIMEOUT = 2.0
@@ -345,9 +344,16 @@ class RedisLiveState:
         events = await self.redis.lrange(self.key("subagents", turn_id), 0, -1)
         return [json.loads(event) for event in events]
 
-    async def abort_started(self, turn_id: str) -> None:
+    async def abort_started(self, turn_id: str, by: str) -> None:
         with contextlib.suppress(*FAILURES):
-            await self.redis.set(self.key("abort", turn_id), "pending", ex=ABORT_TTL)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(self.key("abort", turn_id), "pending", ex=ABORT_TTL)
+                pipe.set(self.key("abortby", turn_id), by, ex=ABORT_BY_TTL)
+                await pipe.execute()
+
+    async def abort_asker(self, turn_id: str) -> str | None:
+        by = await self.redis.get(self.key("abortby", turn_id))
+        return _text(by) if by else None
 
     async def abort_answered(self, turn_id: str) -> None:
         with contextlib.suppress(*FAILURES):

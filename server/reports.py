@@ -276,6 +276,9 @@ class DroneReports:
             completion.ending.reason if completion.ending is not None else _reason_of(status)
         )
         by = self.turns.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
+        if reason == "aborted" and by is None:  # asked through another relay
+            with contextlib.suppress(Exception):  # Redis failing: the database's note, if any
+                by = await self.live_state.abort_asker(completion.turn_id)
         usage = completion.ending.usage if completion.ending is not None else None
         bundled = completion.ending.messages if completion.ending is not None else None
         # The turn's last messages came with it: stored with the ending, and shown first.

@@ -272,7 +272,7 @@ class TurnLifecycle(TurnEndings):
     ) -> tuple[bool, str]:
         turn_id = turn.turn_id
         requested_at = time.monotonic()
-        await self.live_state.abort_started(turn_id)
+        await self.live_state.abort_started(turn_id, viewer.name)
         order = AbortOrder(turn_id=turn_id, mode="after_step" if mode == "after_step" else "now")
         try:
             answer = await self.directory.call(

@@ -244,6 +244,7 @@ async def test_an_abort_around_a_fault_ends_the_turn_once_and_the_session_goes_o
 
     if answer == (True, ABORT_SIGNALED):
         assert turn.status == "aborted", (answer, turn.status, turn.result)
+        assert turn.ended_by == "ada", turn  # even when the database could not keep who asked
     else:  # it had ended already: its drone was lost meanwhile
         assert answer == (False, NO_ACTIVE_WORK_ORDER), answer
         assert (turn.status, turn.reason) == ("error", "drone_lost"), turn
