@@ -112,26 +112,36 @@ async def test_ctrl_c_once_aborts_running_work_orders_reports_them_and_exits_cle
     assert await asyncio.to_thread(process.wait, 10) == 0
 
 
+async def goes_on_through(
+    sent: signal.Signals,
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    started: subprocess.Popen[bytes],
+    browser: Browser,
+) -> None:
+    """``sent`` (also while it loads) leaves the drone ``started`` running: a turn it streams
+    when it comes again ends whole, and the drone runs on."""
+    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(20)], delay=0.03))
+    started.send_signal(sent)  # while it loads
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    turn_id = (await browser.submit("Long job"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2)
+
+    started.send_signal(sent)
+
+    whole = " ".join(f"w{i}" for i in range(20))
+    assert await browser.completion(turn_id) == (turn_id, True, whole)
+    assert started.poll() is None
+
+
 async def test_a_drone_started_with_nohup_goes_on_through_a_hangup(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,
     drone_process: Callable[..., subprocess.Popen[bytes]],
     browser: Browser,
 ) -> None:
-    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(20)], delay=0.03))
     process = drone_process(Upstream("openai", openai_peer), server=relay.url, nohup=True)
-    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
-    turn_id = (await browser.submit("Long job"))["turnId"]
-    await browser.wait_text(turn_id, pieces=2)
-
-    process.send_signal(signal.SIGHUP)
-
-    assert await browser.completion(turn_id) == (
-        turn_id,
-        True,
-        " ".join(f"w{i}" for i in range(20)),
-    )
-    assert process.poll() is None
+    await goes_on_through(signal.SIGHUP, relay, openai_peer, process, browser)
 
 
 async def test_a_drone_a_script_started_in_the_background_goes_on_through_a_ctrl_c(
@@ -143,21 +153,8 @@ async def test_a_drone_a_script_started_in_the_background_goes_on_through_a_ctrl
     """A shell script's background job starts with Ctrl-C ignored. The drone ignored one only
     while it loaded (one in its first milliseconds made it exit 130) and took later ones for a
     stop; it now keeps ignoring it, as it does a hangup under nohup."""
-    openai_peer.script(Reply(chunks=[f"w{i} " for i in range(20)], delay=0.03))
     process = drone_process(Upstream("openai", openai_peer), server=relay.url, background=True)
-    process.send_signal(signal.SIGINT)  # while it loads
-    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
-    turn_id = (await browser.submit("Long job"))["turnId"]
-    await browser.wait_text(turn_id, pieces=2)
-
-    process.send_signal(signal.SIGINT)
-
-    assert await browser.completion(turn_id) == (
-        turn_id,
-        True,
-        " ".join(f"w{i}" for i in range(20)),
-    )
-    assert process.poll() is None
+    await goes_on_through(signal.SIGINT, relay, openai_peer, process, browser)
     process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(process.wait, 10) == 0
 
