@@ -92,8 +92,7 @@ class RedisLiveState:
         self._trusted_from = 0.0
         """Drone entries are judged by their age from here at most: after Redis failed (it
         stalled, or restarted empty) the relays need a heartbeat to write theirs again. Not from
-        this relay's start: started again after it died with its drones, it took their entries
-        for live ones, refused them back under their ids and sent them work, for seconds."""
+        this relay's start: started again, it took dead drones' entries for live ones."""
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -267,6 +266,7 @@ class RedisLiveState:
                 self.key("subagents", turn_id),
                 self.key("subchars", turn_id),
                 self.key("turn", turn_id),
+                self.key("abortby", turn_id),
             )
             if tell_others:
                 ended = self.key("ended")
