@@ -15,10 +15,12 @@ def main() -> int:
     try:
         import signal
 
-        # Held back unless ignored from the start (a script's background job): then it stays so.
-        hold = hasattr(signal, "pthread_sigmask") and signal.getsignal(signal.SIGINT) is not (
-            signal.SIG_IGN
-        )
+        # A Ctrl-C stops the command whenever it comes, also when a shell script started it in
+        # the background, with SIGINT ignored (it was ignored while the command loaded, then
+        # taken once its loop ran).
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        hold = hasattr(signal, "pthread_sigmask")
         if hold:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         from .cli import main as run

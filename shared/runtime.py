@@ -91,8 +91,8 @@ def abort_on_signals(
 ) -> None:
     """Ctrl-C aborts ``root`` with ``interrupted``, SIGTERM and SIGHUP (a closed terminal) with
     ``terminated`` (the same, when not given); a second signal exits at once. A SIGHUP that was
-    ignored when the process started (``nohup``) stays ignored, and so does a SIGINT (a job a
-    script started in the background: a Ctrl-C was ignored while it loaded, then taken).
+    ignored when the process started (``nohup``) stays ignored; a SIGINT is taken even then
+    (``hangar.shared.main``).
 
     Stopping a process is an abort like any other: whatever runs under ``root`` ends the way a
     person's Cancel ends it, and says who stopped it.
@@ -107,8 +107,7 @@ def abort_on_signals(
             os._exit(130)
         root.abort(reason)
 
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a script's background job
-        loop.add_signal_handler(signal.SIGINT, on_signal, interrupted)
+    loop.add_signal_handler(signal.SIGINT, on_signal, interrupted)
     loop.add_signal_handler(signal.SIGTERM, on_signal, terminated or interrupted)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         loop.add_signal_handler(signal.SIGHUP, on_signal, terminated or interrupted)
