@@ -18,7 +18,7 @@ from hangar.shared.cli import (
     whole_number,
     work_directory,
 )
-from hangar.shared.protocol import drone_name_of
+from hangar.shared.protocol import SHOWN_NAME_PATTERN, drone_name_of
 
 from .tools.policy import ToolPolicy
 from .worker import DEFAULT_MODELS, PROVIDERS, DroneConfig, run_drone
@@ -264,7 +264,7 @@ def config_from(args: argparse.Namespace) -> DroneConfig:
     return DroneConfig(
         server=args.server,
         token=args.token,
-        name=args.name or drone_name_of(args.token) or socket.gethostname(),
+        name=args.name or drone_name_of(args.token) or host_name(),
         provider=args.provider,
         model=args.model or DEFAULT_MODELS.get(args.provider, ""),
         base_url=args.base_url,
@@ -329,12 +329,19 @@ def run(args: argparse.Namespace) -> int:
 
 def drone_name(text: str) -> str:
     """``--name``: a drone's id starts with it (empty: the token's name, else the host's)."""
-    if text and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", text):
+    if text and not re.fullmatch(SHOWN_NAME_PATTERN, text):
         raise ValueError(
             "expected 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, "
             f"got {text!r}."
         )
     return text
+
+
+def host_name() -> str:
+    """The host's name as a drone's name: what a name may hold of it (a name never reads as
+    another drone's), cut to 64 characters."""
+    kept = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()).lstrip("_.-")[:64]
+    return kept or "drone"
 
 
 def model_name(text: str) -> str:

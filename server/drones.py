@@ -183,9 +183,12 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             raise socketio.exceptions.ConnectionRefusedError(
                 f"This token is the drone {owned}'s; connect as {owned}."
             )
-        # Nor by the name it is shown under (the shipped drone's id is its name and a suffix).
-        for claimed in dict.fromkeys((hello.drone_id, hello.name)) if owned is None else ():
-            if claimed and await self.relay.accounts.has_drone_token(claimed):
+        # Nor by the name it is shown under (the shipped drone's id is its name and a suffix),
+        # which no drone takes from another that has a token of its own.
+        for claimed in dict.fromkeys((hello.drone_id, hello.name)):
+            if owned is not None and claimed.lower() == owned.lower():
+                continue
+            if await self.relay.accounts.has_drone_token(claimed):
                 raise socketio.exceptions.ConnectionRefusedError(OWN_TOKEN.format(claimed))
         instance = hashlib.sha256(hello.instance.encode()).hexdigest()
         # One drone's connects here are let in one at a time: checked together, each would

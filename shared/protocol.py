@@ -118,9 +118,9 @@ RETRY_LATER = "The relay could not store this now; send it again."
 say): the ack says ``{ok: false, error, retry: true}`` and the drone sends it again later."""
 
 MAX_PROMPT_CHARS = 100_000
-DRONE_TOKEN_PREFIX = "hgd."
-"""A drone token names its drone: ``hgd.<drone name>.<secret>``."""
+DRONE_TOKEN_PREFIX = "hgd."  # a drone token names its drone: hgd.<drone name>.<secret>
 DRONE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+SHOWN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # none that reads as another's
 
 # ---- browser -> relay
 
@@ -184,7 +184,7 @@ class DroneRecord(Wire):
     """What a drone is: the one description of a drone, which the hello and the view extend."""
 
     drone_id: Id
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(pattern=SHOWN_NAME_PATTERN)
     provider: str = Field(min_length=1, max_length=64)
     model: str = Field(min_length=1, max_length=256)
     concurrency: int = Field(default=1, ge=1, le=1024)

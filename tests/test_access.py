@@ -771,6 +771,57 @@ async def test_the_shared_token_cannot_open_a_drone_that_has_a_token_of_its_own(
     await desk.disconnect()
 
 
+@pytest.mark.parametrize(
+    "claimed",
+    ["laptop ", " laptop", "lap top", "laptop\u200b", "l\u0430ptop", "laptop\n", ""],
+    ids=[
+        "space after",
+        "space before",
+        "space inside",
+        "zero-width space",
+        "cyrillic a",
+        "newline",
+        "empty",
+    ],
+)
+async def test_a_drone_is_shown_only_under_a_name_no_one_takes_for_another(
+    relay: RelayHandle, claimed: str
+) -> None:
+    """The shared secret let a drone in as "laptop " or "l\u0430ptop" (a Cyrillic a) beside the
+    drone laptop that has a token of its own: people picking a drone by name could send their
+    work to it. A drone's name is the letters, digits, '.', '_' and '-' that ``--name`` takes."""
+    await relay.relay.accounts.create_drone_token("laptop")
+    alike = {**drone_hello("desk-b11f37"), "name": claimed}
+
+    refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=alike, transports=["websocket"])
+
+    assert refused is not None and refused["message"].startswith("Invalid payload (name:")
+    assert "desk-b11f37" not in relay.relay.directory.local
+
+
+async def test_a_drone_with_a_token_of_its_own_is_not_shown_under_another_drones_name(
+    relay: RelayHandle,
+) -> None:
+    """The drone evil, with its own token, was let in under the name "laptop", the name of
+    another drone with its own token."""
+    await relay.relay.accounts.create_drone_token("laptop")
+    token = await relay.relay.accounts.create_drone_token("evil")
+    for claimed in ("laptop", "LAPTOP"):
+        posing = {**drone_hello("evil"), "token": token, "name": claimed}
+        refused = await refusal_of(
+            relay.url, DRONE_NAMESPACE, auth=posing, transports=["websocket"]
+        )
+        assert refused == {"message": OWN_TOKEN.format(claimed)}
+    # Under a name of its own choosing, or its own in another case, it is let in.
+    for shown in ("evil-gpu", "Evil"):
+        own = socketio.AsyncClient(reconnection=False)
+        hello = {**drone_hello("evil"), "token": token, "name": shown}
+        await own.connect(relay.url, namespaces=[DRONE_NAMESPACE], auth=hello, wait_timeout=5)
+        assert relay.relay.directory.local["evil"].name == shown
+        await own.disconnect()
+        await eventually(lambda: "evil" not in relay.relay.directory.local, what="it is gone")
+
+
 async def test_of_drones_connecting_at_once_under_one_id_only_one_is_let_in(
     relay: RelayHandle,
 ) -> None:

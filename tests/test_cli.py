@@ -4,6 +4,7 @@ stops. Every test runs the real command in a subprocess."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import pty
@@ -22,10 +23,12 @@ import pytest
 from aiohttp import web
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from hangar.drone.cli import add_arguments, config_from
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.shared import cli
+from hangar.shared.protocol import DroneRecord
 from tests.conftest import (
     DRONE_TOKEN,
     HANGAR,
@@ -1042,3 +1045,29 @@ async def test_a_relay_stopped_while_it_waits_for_redis_lets_go_of_its_sqlite_fi
         for writer in held:
             writer.close()
         redis.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [
+        ("build-07.example.org", "build-07.example.org"),
+        ("büro pc", "b-ro-pc"),
+        ("-" + "x" * 80, "x" * 64),
+        ("ÄÖÜ", "drone"),
+    ],
+)
+def test_a_drone_without_a_name_is_shown_under_its_hosts_name_as_a_relay_takes_it(
+    monkeypatch: pytest.MonkeyPatch, host: str, shown: str
+) -> None:
+    """A relay lets a drone in only under a name that cannot read as another drone's: a host
+    named outside that (a space, a letter beyond ASCII, 80 characters) would have kept its drone
+    out for good. Its drone is shown under what a name may hold of it."""
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--server", "http://127.0.0.1:1", "--token", "secret-1234567"])
+
+    record = config_from(args).record()
+
+    assert record.name == shown
+    assert DroneRecord.model_validate(record.model_dump(by_alias=True)).name == shown
