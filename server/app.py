@@ -34,6 +34,7 @@ log = logging.getLogger("hangar.relay")
 MAX_TRANSPORT_BYTES = 4_000_000
 """Engine.IO drops a connection sending more in one message; smaller ones get error acks."""
 RELAY = web.AppKey("relay", Relay)
+ACCESS = web.AppKey("access", Access)
 PING_FLOOR = 0.5
 SHUTDOWN_WAIT = 0.5
 """Seconds a stopping relay gives each connection's handler to finish before cancelling it
@@ -166,7 +167,7 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     sio.register_namespace(browsers)
     sio.register_namespace(drones)
     sio.handle_inline(DRONE_NAMESPACE, drones.inline)
-    app[RELAY] = relay
+    app[RELAY], app[ACCESS] = relay, access
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await relay.store.open()

@@ -26,7 +26,7 @@ from hangar.shared.shown import shown
 
 from .access import is_loopback
 from .accounts import AccountError, Accounts, User
-from .app import RELAY, RelayConfig, open_store
+from .app import ACCESS, RELAY, RelayConfig, open_store
 from .cli import (
     SHUTDOWN,
     RelayStartError,
@@ -179,15 +179,24 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
         return 1
     finally:
         await _stop_child(drone)
-        try:  # its visitors' logins and its drone's token end with it (not on a team's relay)
-            if user := await accounts.user(DEMO_USER):
-                await accounts.end_logins(user)
-            await accounts.revoke_drone_token(DEMO_DRONE)
+        try:
+            await end_demo(runner.app)
         except Exception as error:  # the database failed: said, the demo still stops
             print(f"hangar demo: its logins could not be ended: {error}", file=sys.stderr)
         await runner.cleanup()
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def end_demo(app: web.Application) -> None:
+    """What ends with a demo, so that it opens no relay started later on its database: its
+    visitors' logins (none is made from now on: a page logged out goes back through ``/`` once a
+    relay answers, where a demo started again logs it in) and its drone's token."""
+    app[ACCESS].demo_user = None
+    accounts = app[RELAY].accounts
+    if user := await accounts.user(DEMO_USER):
+        await accounts.end_logins(user)
+    await accounts.revoke_drone_token(DEMO_DRONE)
 
 
 def _how(code: int | None) -> str:

@@ -5,6 +5,7 @@
 import { createAbortControls } from "./abort.js";
 import { caretOnEdgeLine } from "./caret-line.js";
 import { confirmReplaceDraft } from "./draft-dialog.js";
+import { keepDraft } from "./draft-keep.js";
 import { MAX_PROMPT_CHARS, SUBMIT_WORK_ORDER, shows } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { directionOf } from "./text-direction.js";
@@ -241,6 +242,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     form.requestSubmit(interrupting ? interrupt : submit);
   });
   prompt.addEventListener("input", autosize);
+  keepDraft(prompt, byId("log-out").form, () => prompt.dispatchEvent(new Event("input")));
   // Toasts sit just above the prompt form, whose height changes (Cancel, a longer prompt).
   new ResizeObserver(() => {
     document.documentElement.style.setProperty("--composer-height", `${form.offsetHeight}px`);

@@ -1,7 +1,7 @@
 // The relay connection: one socket.io socket on /ide, acknowledged requests, and the #connection badge.
 
 import { io } from "/static/vendor/socket.io.esm.min.js";
-import { IDE_NAMESPACE, LOGGED_OUT, NOT_LOGGED_IN } from "./protocol.js";
+import { HELLO, IDE_NAMESPACE, LOGGED_OUT, NOT_LOGGED_IN } from "./protocol.js";
 import { byId, toast } from "./ui.js";
 
 const ACK_TIMEOUT_MS = 15000;
@@ -21,11 +21,8 @@ export function request(event, payload) {
   });
 }
 
-/** The login ended (logged out elsewhere, expired, revoked): log in again. */
-function goToLogin() {
-  socket.disconnect();
-  location.assign("/login");
-}
+/** How often a demo's page whose login ended asks whether a relay answers again. */
+const DEMO_BACK_MS = 2000;
 
 /** Keep the badge in step with the socket; `onConnect` runs after every (re)connect. */
 export function watchConnection(onConnect) {
@@ -33,6 +30,11 @@ export function watchConnection(onConnect) {
   const label = byId("connection-label");
   const reconnect = byId("reconnect");
   let connectErrorShown = false;
+  /** The relay said this page is a demo's (logged in by itself, with no password). */
+  let demo = false;
+  socket.on(HELLO, (payload) => {
+    demo = Boolean(payload?.demo);
+  });
 
   const show = (state, text) => {
     badge.dataset.state = state;
@@ -74,6 +76,31 @@ export function watchConnection(onConnect) {
       }
     }
   });
+
+  /** The login ended (logged out elsewhere, expired, revoked): log in again. A demo's login
+   * ends as the demo stops, and its person has no password for the login form: the page waits
+   * for a relay to answer, then goes through `/`, where a demo started again logs it in (a
+   * relay that is no demo sends it on to the login). */
+  function goToLogin() {
+    socket.disconnect();
+    if (!demo) {
+      location.assign("/login");
+      return;
+    }
+    show("reconnecting", "Reconnecting…");
+    const whenBack = async () => {
+      try {
+        if ((await fetch("/healthz", { cache: "no-store" })).ok) {
+          location.assign("/");
+          return;
+        }
+      } catch {
+        // not back yet
+      }
+      setTimeout(whenBack, DEMO_BACK_MS);
+    };
+    setTimeout(whenBack, DEMO_BACK_MS);
+  }
 
   socket.io.on("reconnect_attempt", () => show("reconnecting", "Reconnecting…"));
   socket.io.on("reconnect_failed", () => show("disconnected", "Disconnected"));

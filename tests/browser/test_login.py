@@ -10,7 +10,9 @@ from aiohttp import web
 from playwright.async_api import Page, expect
 
 from hangar.server.access import BAD_LOGIN
+from bench.services import free_port
 from hangar.server.app import RELAY, RelayConfig
+from hangar.server.demo import end_demo
 from hangar.server.cli import start_relay
 from hangar.shared.protocol import NOT_LOGGED_IN
 from tests.browser.conftest import log_in
@@ -168,6 +170,66 @@ async def test_the_demo_on_this_machine_logs_the_visitor_in_and_says_so(
     finally:
         await page.goto("about:blank")  # closes the page's connection before the relay stops
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("stop", ["stops", "stops and comes back"])
+async def test_a_demo_page_whose_demo_stops_keeps_its_draft_and_works_when_the_demo_is_back(
+    page: Page, tmp_path: Path, stop: str
+) -> None:
+    """A demo's logins end as it stops. Its open pages went to the login form, which the demo's
+    person, who has no password, cannot use; and what they had typed was gone. A demo's page
+    now waits for its relay, is logged in again by a demo started again, and keeps the draft."""
+    config = RelayConfig(port=free_port(), database=str(tmp_path / "demo.db"), demo_user="demo")
+    runner, _ = await start_relay(config)
+    url = f"http://127.0.0.1:{config.port}/"
+    try:
+        await page.goto(url)
+        await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+        await page.locator("#prompt").fill("half a thought")
+
+        await end_demo(runner.app)
+        await runner.cleanup()
+
+        await expect(page.locator("#connection")).to_have_attribute(
+            "data-state", "reconnecting", timeout=WAIT_MS
+        )
+        if stop == "stops":
+            await expect(page.locator("#prompt")).to_have_value("half a thought")
+            assert page.url == url  # no dead end to go back from
+            return
+        runner, _ = await start_relay(config)
+        await expect(page.locator("#connection")).to_have_attribute(
+            "data-state", "connected", timeout=WAIT_MS
+        )
+        assert page.url == url
+        await expect(page.locator("#account-name")).to_have_text("demo")
+        await expect(page.locator("#prompt")).to_have_value("half a thought")
+    finally:
+        await page.goto("about:blank")
+        await runner.cleanup()
+
+
+async def test_a_draft_outlasts_a_reload_for_its_person_only(page: Page, relay: RelayHandle) -> None:
+    """A reload lost what was typed and not sent; it is kept in the tab now, but not for the
+    next person to log in there."""
+    await log_in(page, relay, "ada")
+    await page.goto(relay.url + "/")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    await page.locator("#prompt").fill("half a thought")
+
+    await page.reload()
+
+    await expect(page.locator("#account-name")).to_have_text("ada")
+    await expect(page.locator("#prompt")).to_have_value("half a thought")
+    await page.locator("#log-out").click()
+    await expect(page).to_have_url(relay.url + "/login")
+    await relay.relay.accounts.add_user("bob", PASSWORD)
+    await page.locator("#username").fill("bob")
+    await page.locator("#password").fill(PASSWORD)
+    await page.locator("#password").press("Enter")
+    await expect(page.locator("#account-name")).to_have_text("bob")
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    await expect(page.locator("#prompt")).to_have_value("")
 
 
 async def test_an_admin_can_list_everyones_sessions_and_sees_whose_they_are(
