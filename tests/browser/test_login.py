@@ -209,7 +209,9 @@ async def test_a_demo_page_whose_demo_stops_keeps_its_draft_and_works_when_the_d
         await runner.cleanup()
 
 
-async def test_a_draft_outlasts_a_reload_for_its_person_only(page: Page, relay: RelayHandle) -> None:
+async def test_a_draft_outlasts_a_reload_for_its_person_only(
+    page: Page, relay: RelayHandle
+) -> None:
     """A reload lost what was typed and not sent; it is kept in the tab now, but not for the
     next person to log in there."""
     await log_in(page, relay, "ada")

@@ -713,6 +713,68 @@ async def test_markdown_nested_too_deep_to_draw_shows_as_plain_text_and_the_sess
     await expect(page.locator("#turns article.turn").last).to_contain_text("Next.", timeout=WAIT_MS)
 
 
+def nested_list(depth: int, text: str) -> str:
+    return "".join(f"{'  ' * level}- level {level}\n" for level in range(depth)) + (
+        f"{'  ' * depth}- {text}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("nesting", "size"),
+    [
+        ("quotes", (390, 844)),
+        ("quotes", (1280, 800)),
+        ("lists", (390, 844)),
+        ("quotes in lists", (390, 844)),
+    ],
+    ids=["quotes phone", "quotes desktop", "lists phone", "quotes in lists phone"],
+)
+async def test_text_nested_deep_in_quotes_or_lists_stays_on_the_screen(
+    page: Page, relay: RelayHandle, nesting: str, size: tuple[int, int]
+) -> None:
+    """Each level drew 15 px further in: 25 quotes deep on a phone, the words started beyond its
+    edge, out of reach, after a ladder of bars; 150 on a desktop, 2,900 px of ladder. Nesting
+    past six levels now indents no further."""
+    depth = 150 if size[0] > 1000 else 25
+    words = "the important conclusion"
+    answer = {
+        "quotes": ">" * depth + f" {words}\n",
+        "lists": nested_list(depth, words),
+        "quotes in lists": "".join(
+            f"{'  ' * (2 * level)}- level {level}\n{'  ' * (2 * level + 1)}> "
+            + (words if level == depth - 1 else "quoted")
+            + "\n"
+            for level in range(depth)
+        ),
+    }[nesting]
+    await page.set_viewport_size({"width": size[0], "height": size[1]})
+    await page.emulate_media(color_scheme="dark" if nesting == "lists" else "light")
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Nest it deeply")
+        turn_id = await drone.next_order()
+        await drone.text(turn_id, "Before.\n\n" + answer)
+        await drone.complete(turn_id, True, "done")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        output = turn.locator(".turn-output")
+        conclusion = output.get_by_text(words, exact=True)
+        await expect(conclusion).to_be_visible()
+
+        box = await conclusion.bounding_box()
+        card = await output.bounding_box()
+        assert box is not None and card is not None
+        # The words lie inside the answer's box, most of its width left to them, and the
+        # nesting does not stretch the answer far down.
+        assert card["x"] <= box["x"] and box["x"] + box["width"] <= card["x"] + card["width"], box
+        assert box["x"] - card["x"] < min(card["width"] / 2, 200), (box, card)
+        lines = len(answer.splitlines())
+        assert card["height"] < 200 + lines * 30, card
+        await assert_no_sideways_scroll(page, size[0])
+        await page.screenshot(
+            path=artifact(f"render-nested-{nesting}-{size[0]}.png".replace(" ", "-"))
+        )
+
+
 async def test_a_tool_calls_whole_arguments_open_from_the_keyboard_or_a_tap(
     page: Page, relay: RelayHandle
 ) -> None:
