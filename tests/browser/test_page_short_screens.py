@@ -6,6 +6,7 @@ screen, and every button of the prompt form can be seen and pressed."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from playwright.async_api import Locator, Page, expect
 
 from hangar.server.app import RelayConfig
+from hangar.server.store import SessionRecord
 from tests.browser.conftest import artifact, assert_no_sideways_scroll, log_in
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, submit, turn_id_of
@@ -175,3 +177,43 @@ async def test_at_320_by_256_every_button_can_be_reached_and_the_answer_read(
         await expect(approve).to_be_focused()
         assert await on_screen(approve), "the focused Approve button is out of sight"
         await assert_no_sideways_scroll(tiny, 320)
+
+
+@pytest.mark.parametrize(
+    ("size", "scheme"),
+    [((667, 375), "light"), ((844, 390), "dark"), ((932, 430), "light")],
+    ids=["667x375", "844x390", "932x430"],
+)
+async def test_a_phone_held_sideways_has_the_one_row_header_and_its_sessions_in_a_drawer(
+    page: Page, relay: RelayHandle, size: tuple[int, int], scheme: str
+) -> None:
+    """Most phones held sideways are wider than 720 px: they got the desktop's sidebar, where the
+    list of sessions was a box 109 px tall inside a sidebar that had to be scrolled to it, one
+    session in sight at a time."""
+    user = await relay.relay.accounts.user(DEMO_USER) or await relay.relay.accounts.add_user(
+        DEMO_USER, None, "admin"
+    )
+    now = time.time()
+    for n in range(6):
+        session = SessionRecord(f"s_{n:04d}", user.user_id, f"Session {n}", now - 60 * n)
+        await relay.relay.store.create_session(session)
+    async with HandDrone(relay.url) as drone, demo_page(page, relay, size, True) as phone:
+        await phone.emulate_media(color_scheme=scheme)
+        header = await phone.locator(".sidebar").bounding_box()
+        assert header is not None and header["height"] <= 0.25 * size[1], header
+        toggle = phone.locator("#sessions-toggle")
+        await expect(toggle).to_be_visible()
+        await running_turn(phone, drone)
+        await form_buttons_on_screen(phone)
+        share = await conversation_share(phone)
+        await phone.screenshot(path=artifact(f"short-phone-sideways-{size[0]}-running.png"))
+        assert share >= 0.5, f"the conversation has {share:.0%} of the height"
+
+        await toggle.click()
+
+        await expect(phone.locator("#sessions .session").first).to_be_focused()
+        titles = phone.locator("#sessions .session-title")
+        for n in range(4):  # the running turn's session and three more, whole
+            await expect(titles.nth(n)).to_be_in_viewport(ratio=1)
+        await phone.screenshot(path=artifact(f"short-phone-sideways-{size[0]}-sessions.png"))
+        await assert_no_sideways_scroll(phone, size[0])
