@@ -9,11 +9,11 @@ import pytest
 from aiohttp import web
 from playwright.async_api import Page, expect
 
-from hangar.server.access import BAD_LOGIN
 from bench.services import free_port
+from hangar.server.access import BAD_LOGIN
 from hangar.server.app import RELAY, RelayConfig
-from hangar.server.demo import end_demo
 from hangar.server.cli import start_relay
+from hangar.server.demo import end_demo
 from hangar.shared.protocol import NOT_LOGGED_IN
 from tests.browser.conftest import log_in
 from tests.browser.test_page import assert_not_red, has_class

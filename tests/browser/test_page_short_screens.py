@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from playwright.async_api import Locator, Page, expect
@@ -185,7 +186,7 @@ async def test_at_320_by_256_every_button_can_be_reached_and_the_answer_read(
     ids=["667x375", "844x390", "932x430"],
 )
 async def test_a_phone_held_sideways_has_the_one_row_header_and_its_sessions_in_a_drawer(
-    page: Page, relay: RelayHandle, size: tuple[int, int], scheme: str
+    page: Page, relay: RelayHandle, size: tuple[int, int], scheme: Literal["light", "dark"]
 ) -> None:
     """Most phones held sideways are wider than 720 px: they got the desktop's sidebar, where the
     list of sessions was a box 109 px tall inside a sidebar that had to be scrolled to it, one
