@@ -12,7 +12,8 @@ const PAGE_SIZE = 50;
 const SEARCH_DELAY_MS = 250;
 /** How close (px) the end of the list may come before the next page is asked for. */
 const MORE_MARGIN_PX = 240;
-/** The width at which the sidebar becomes a bar and the sessions a drawer (see sessions.css). */
+/** Screens on which the sidebar is a bar and the sessions a drawer: narrow, or short, as a phone
+ * held sideways (see sessions.css). */
 const PHONE = window.matchMedia("(max-width: 720px), (max-height: 500px)");
 
 /** The session named in the address (`#s=<id>`), or null. */
