@@ -26,9 +26,11 @@ def free_port() -> int:
 class OwnRedis:
     """``redis-server --port N --save ''``: nothing on disk, so a restart comes back empty."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.options = options
+        """More of ``redis-server``'s options (``--rename-command EVAL ''``, say)."""
 
     @property
     def url(self) -> str:
@@ -39,7 +41,7 @@ class OwnRedis:
         assert binary, "redis-server is not installed"
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--loglevel", "warning"],
+             "--appendonly", "no", "--loglevel", "warning", *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         _wait_for_port(self.port)

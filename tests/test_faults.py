@@ -29,7 +29,7 @@ from bench.services import OwnPostgres, OwnRedis, free_port
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.accounts import Accounts
 from hangar.server.app import RELAY, RelayConfig
-from hangar.server.cli import start_relay
+from hangar.server.cli import RelayStartError, start_relay
 from hangar.server.connections import UNAVAILABLE
 from hangar.server.drone_entries import PRESENCE_FLOOR
 from hangar.server.postgres_store import PostgresTurnStore
@@ -1319,3 +1319,24 @@ async def test_a_drone_cut_off_from_its_relay_ends_its_turns_as_lost_not_as_a_pe
         await asyncio.wait_for(drone, 10)
         for relay in (first, again):
             await relay.runner.cleanup()
+
+
+@pytest.mark.parametrize("refused", [["EVAL", "EVALSHA"], ["EVALSHA"]], ids=" and ".join)
+async def test_a_redis_that_runs_no_scripts_is_refused_as_the_relay_starts(
+    tmp_path: Path, refused: list[str]
+) -> None:
+    """Only loading a script was tried at start, which such a Redis allows: the relay started,
+    then let no drone in, telling each that its Redis did not answer, for ever."""
+    redis = OwnRedis(
+        *(option for command in refused for option in ("--rename-command", command, ""))
+    )
+    redis.start()
+    try:
+        config = RelayConfig(port=0, database=str(tmp_path / "hangar.db"), redis=redis.url)
+        with pytest.raises(RelayStartError) as refusal:
+            await start_relay(config)
+        assert str(refusal.value).startswith(
+            "Redis refuses what a relay needs (scripts: EVAL and EVALSHA): unknown command"
+        ), refusal.value
+    finally:
+        redis.kill()
