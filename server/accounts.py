@@ -311,6 +311,11 @@ class Accounts:
             await self.db.fetch("SELECT 1 FROM drone_tokens WHERE lower(name) = lower(?)", name)
         )
 
+    async def drone_revoked(self, name: str) -> bool:
+        """Whether the drone ``name`` had a token of its own, and has none now (revoked)."""
+        rows = await self.db.fetch("SELECT revoked_at FROM drone_tokens WHERE name = ?", name)
+        return bool(rows) and all(row["revoked_at"] is not None for row in rows)
+
     async def drone_of(self, token: str) -> str | None:
         """The drone a drone token proves, if the token is valid and not revoked."""
         name = drone_name_of(token)

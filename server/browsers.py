@@ -30,6 +30,7 @@ from hangar.shared.protocol import (
 from .access import Access, Credential
 from .accounts import Revocation
 from .connections import AGAIN, UNAVAILABLE, ConnectionNamespace, failures
+from .drones import TOKEN_REVOKED
 from .limits import (
     MAX_EVENT_BYTES,
     TOO_MANY_ABORTS,
@@ -77,6 +78,8 @@ class BrowserConnection:
             return {"ok": False, "error": refusal(error)}
         if not self.submits.allow():
             return {"ok": False, "error": TOO_MANY_SUBMITS}
+        if request.drone_id and await self.relay.accounts.drone_revoked(request.drone_id):
+            return {"ok": False, "error": TOKEN_REVOKED}  # it would wait for ever
         return await self.relay.turns.submit(self.user, self.sid, request)
 
     async def on_abort_work_order(self, *args: Any) -> tuple[bool, str]:

@@ -731,6 +731,26 @@ async def test_a_turn_waiting_for_a_drone_whose_token_is_revoked_ends_with_a_rea
     assert [m.role for m in turn.messages] == ["user"]
 
 
+async def test_a_turn_for_a_drone_whose_token_was_revoked_before_is_refused_at_once(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """Sent after the revocation, it was queued for that drone and waited for ever (sent
+    before it, it ends in error, above)."""
+    await relay.relay.accounts.create_drone_token("laptop")
+    assert await relay.relay.accounts.revoke_drone_token("laptop")
+
+    answer = await browser.call("submitWorkOrder", {"prompt": "On the laptop", "droneId": "laptop"})
+
+    assert answer == {"ok": False, "error": TOKEN_REVOKED}
+    assert await relay.relay.store.list_sessions(None) == []  # nothing stored
+    # A drone that has its token again takes turns again.
+    await relay.relay.accounts.create_drone_token("laptop")
+    again = await browser.call("submitWorkOrder", {"prompt": "On the laptop", "droneId": "laptop"})
+    assert again["ok"] is True
+    turn = await relay.relay.store.get_turn(again["turnId"], messages=False)
+    assert turn is not None and turn.status == "queued"
+
+
 async def test_a_drone_token_only_opens_its_own_drone(relay: RelayHandle) -> None:
     token = await relay.relay.accounts.create_drone_token("laptop")
     hello = {**drone_hello("desk"), "token": token}
