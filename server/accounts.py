@@ -313,8 +313,8 @@ class Accounts:
 
     async def drone_revoked(self, name: str) -> bool:
         """Whether the drone ``name`` had a token of its own, and has none now (revoked)."""
-        rows = await self.db.fetch("SELECT revoked_at FROM drone_tokens WHERE name = ?", name)
-        return bool(rows) and all(row["revoked_at"] is not None for row in rows)
+        sql = "SELECT 1 FROM drone_tokens WHERE name = ? AND revoked_at IS NOT NULL"
+        return bool(await self.db.fetch(sql, name))
 
     async def drone_of(self, token: str) -> str | None:
         """The drone a drone token proves, if the token is valid and not revoked."""
