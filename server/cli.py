@@ -265,8 +265,8 @@ def cannot_open(config: RelayConfig, error: BaseException) -> str:
     """Which of the relay's services failed, in one line (URLs left out: they hold passwords)."""
     said = " ".join(str(error).split()) or type(error).__name__
     if type(error).__module__.split(".")[0] == "redis":
-        if type(error).__name__ == "ResponseError":  # it answers, and refuses
-            return f"Redis refuses what a relay needs (scripts: EVAL and EVALSHA): {said}"
+        if type(error).__name__ == "ResponseError":  # it answers, and refuses (a script, say)
+            return f"Redis refuses what a relay needs: {said}"
         return f"cannot reach Redis: {said}"
     if "://" in config.database.removeprefix("sqlite:///"):
         return f"cannot open the database: {said}"
