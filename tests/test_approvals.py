@@ -289,6 +289,46 @@ async def test_a_call_that_cannot_run_fails_without_asking_anyone(
     assert result.startswith("Error: The ") and "could not be started" not in result
 
 
+async def test_a_sub_agent_at_the_deepest_level_is_refused_without_asking_anyone(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    """With ``spawn_subagent=ask``, a sub-agent two levels down that asked for a sub-agent of its
+    own made its person approve it, and only then was told there is no such tool there."""
+    delegate = [
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("spawn_subagent", {"task": t})])
+        for t in "abc"
+    ]
+    openai_peer.script(
+        *delegate,
+        Reply(chunks=["Nothing deeper."]),
+        Reply(chunks=["Level 1 done."]),
+        Reply(chunks=["Done."]),
+    )
+    await start_drone(
+        Upstream("openai", openai_peer),
+        workdir=str(tmp_path),
+        tools=ToolPolicy.parse("spawn_subagent=ask"),
+    )
+    turn_id = (await browser.submit("Delegate deeply"))["turnId"]
+    for depth in (0, 1):
+
+        def waiting(depth: int = depth) -> list[dict[str, Any]]:
+            tools = browser.progress(turn_id, "tool")
+            return [p for p in tools if p["state"] == "waiting" and p["depth"] == depth]
+
+        call = (await eventually(waiting, 10, f"the call at depth {depth} waiting"))[0]
+        assert await answer(browser, turn_id, call["callId"], approve=True) == {"ok": True}
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Done.")
+    deepest = [p for p in browser.progress(turn_id, "tool") if p["depth"] == 2]
+    assert [p["state"] for p in deepest] == ["error"]
+    assert deepest[0]["result"] == "Error: There is no tool named 'spawn_subagent'."
+
+
 async def test_only_the_person_whose_turn_it_is_answers_and_a_page_opened_now_shows_the_call(
     relay: RelayHandle,
     openai_peer: OpenAIPeer,

@@ -5,6 +5,7 @@ cut (docs/protocol.md, "Ordering and endings")."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,51 @@ async def test_calls_streamed_without_an_index_stay_apart_and_unreadable_argumen
     usage = recorder.endings[-1].usage
     sent = sum(max(request.chunks_sent, 1) for request in openai_peer.requests)
     assert usage is not None and usage.completion_tokens == sent
+
+
+async def test_two_calls_a_service_gives_one_index_stay_two_and_object_arguments_are_read(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A service that streamed two calls (each with its own id and name) at index 0: they were
+    fused into one call ``read_filelist_directory`` with ``{"path": "a.txt"}{}``, the first call
+    lost, and the model told its JSON was wrong. Then a service that sends a call's arguments
+    as a JSON object, not a string: the drone kept ``{'path': 'a.txt'}`` (Python's text) and
+    told the model "not valid JSON"."""
+    (tmp_path / "a.txt").write_text("hello from a.txt")
+    openai_peer.script(
+        Reply(
+            chunks=[],
+            tool_calls=[
+                ScriptedToolCall("read_file", {"path": "a.txt"}, "call_A"),
+                ScriptedToolCall("list_directory", {}, "call_B"),
+            ],
+            index_of=[0, 0],
+        ),
+        Reply(
+            chunks=[],
+            tool_calls=[ScriptedToolCall("read_file", {"path": "a.txt"})],
+            arguments_whole=True,
+        ),
+        Reply(chunks=["Read twice, listed once."]),
+    )
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Read a.txt and list"))
+
+    assert await finished(recorder) == ("t_1", True, "Read twice, listed once.")
+    _, second, last = (r.messages for r in openai_peer.requests)
+    calls = [
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in second[1]["tool_calls"]
+    ]
+    assert calls == [
+        ("call_A", "read_file", '{"path": "a.txt"}'),
+        ("call_B", "list_directory", "{}"),
+    ]
+    assert [m["content"] for m in second[2:]] == ["hello from a.txt", "a.txt"]
+    assert json.loads(last[4]["tool_calls"][0]["function"]["arguments"]) == {"path": "a.txt"}
+    assert last[5]["content"] == "hello from a.txt"
+    assert openai_peer.requests[-1].rejected is None
 
 
 async def test_an_empty_answer_fails_the_turn_instead_of_passing_for_one(

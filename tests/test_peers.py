@@ -215,6 +215,37 @@ async def test_openai_rejects_unanswered_tool_call(
     assert len(openai_peer.requests) == 3 and openai_peer.requests[-1].rejected is None
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("functions.read_file", "string does not match pattern"),
+        ("read file", "string does not match pattern"),
+        ("x" * 65, "string too long. Expected a string with maximum length 64"),
+    ],
+    ids=["dotted", "space", "too-long"],
+)
+async def test_openai_rejects_a_past_call_whose_name_it_never_takes(
+    openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI, name: str, said: str
+) -> None:
+    """As OpenAI does: a history whose call is named outside ``^[a-zA-Z0-9_-]+$`` or past 64
+    characters is refused, whatever the model wrote."""
+    openai_peer.script(Reply(chunks=["kept"]))
+    function = {"name": name, "arguments": "{}"}
+    call = {"id": "call_x", "type": "function", "function": function}
+    history: Any = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_x", "content": "ok"},
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        await oai.chat.completions.create(model=MODEL, messages=history, stream=True)
+    assert "'messages[1].tool_calls[0].function.name'" in info.value.message
+    assert said in info.value.message
+    function["name"] = "read_file"
+    stream = await oai.chat.completions.create(model=MODEL, messages=history, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream]) == "kept"
+
+
 async def test_openai_server_error(openai_peer: OpenAIPeer, oai: openai.AsyncOpenAI) -> None:
     openai_peer.script(Reply(status=500))
     with pytest.raises(openai.InternalServerError) as info:

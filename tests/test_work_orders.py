@@ -454,7 +454,10 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     """A model's call with arguments nested past any depth, with no name, with a name longer
     than any tool's, or with an id that is no id: each gets an error result the model reads,
     and the turn goes on, as for any tool that fails. Before, the first killed the drone's
-    worker (and every turn on it) and the others failed the turn as the drone's failure."""
+    worker (and every turn on it) and the others failed the turn as the drone's failure. A name
+    OpenAI never takes (``functions.read_file``, or past 64 characters) was then sent back as
+    the model wrote it: the service refused the history with 400, and every later turn of the
+    session failed so."""
     nested = '{"path": ' + "[" * 100_000 + "]" * 100_000 + "}"
     openai_peer.script(
         Reply(
@@ -464,9 +467,11 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
                 ScriptedToolCall("", {}),
                 ScriptedToolCall("x" * 300, {}),
                 ScriptedToolCall("list_directory", {}, "not an id! " * 20),
+                ScriptedToolCall("functions.read_file", {"path": "a.txt"}),
             ],
         ),
         Reply(chunks=["Some of those failed."]),
+        Reply(chunks=["Still here."]),
     )
     await start_drone(Upstream("openai", openai_peer))
     turn_id = (await browser.submit("Call odd tools"))["turnId"]
@@ -474,14 +479,21 @@ async def test_calls_the_drone_cannot_take_as_they_are_get_error_results_and_the
     assert (await browser.completion(turn_id, timeout=20))[1:] == (True, "Some of those failed.")
     messages = (await stored(relay, turn_id)).messages
     calls = messages[1].tool_calls or []
-    results = {m.tool_call_id: m.content for m in messages[2:6]}
-    assert [c.name for c in calls] == ["read_file", "unnamed", "x" * 128, "list_directory"]
-    assert len({c.id for c in calls}) == 4 and set(results) == {c.id for c in calls}
+    results = {m.tool_call_id: m.content for m in messages[2:7]}
+    names = ["read_file", "unnamed", "x" * 128, "list_directory", "functions.read_file"]
+    assert [c.name for c in calls] == names  # as the model wrote them, for the page
+    assert len({c.id for c in calls}) == 5 and set(results) == {c.id for c in calls}
     assert "nested too deeply" in results[calls[0].id]
-    assert all("There is no tool named" in results[c.id] for c in calls[1:3])
+    assert all("There is no tool named" in results[c.id] for c in [*calls[1:3], calls[4]])
+    assert "'functions.read_file'" in results[calls[4].id]
     assert not results[calls[3].id].startswith("Error")
     sent_back = openai_peer.requests[-1]
     assert sent_back.rejected is None  # the history the service got is a valid one
+    sent_names = [c["function"]["name"] for c in sent_back.messages[1]["tool_calls"]]
+    assert sent_names == ["read_file", "unnamed", "x" * 64, "list_directory", "functions_read_file"]
+    session_id = (await stored(relay, turn_id)).session_id
+    again = (await browser.submit("And now?", sessionId=session_id))["turnId"]
+    assert (await browser.completion(again, timeout=20))[1:] == (True, "Still here.")
 
 
 async def then_on_ollama(

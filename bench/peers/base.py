@@ -95,6 +95,12 @@ class Reply:
     unindexed: bool = False
     """(OpenAI) Tool call pieces without their ``index``, as some compatible services stream
     them: each call's first piece carries its id and name."""
+    index_of: list[int] | None = None
+    """(OpenAI) The ``index`` each call's pieces carry, in place of its place in the answer: a
+    service that gives two calls the same index (each with its own id and name)."""
+    arguments_whole: bool = False
+    """(OpenAI) Each call's arguments sent with its first piece as a JSON object, not as a
+    string of JSON, as some compatible services send them."""
     usage_twice: bool = False
     """(OpenAI) The usage sent on the finishing chunk as well as after it."""
     error_body: tuple[str, str] | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from typing import Any
 
@@ -28,8 +29,33 @@ UNANSWERED_CALLS = (
 )
 
 
+NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
+MAX_NAME = 64
+BAD_NAME = (
+    "Invalid '{param}': string does not match pattern. Expected a string that matches the "
+    f"pattern '{NAME_PATTERN}'."
+)
+LONG_NAME = (
+    "Invalid '{param}': string too long. Expected a string with maximum length "
+    f"{MAX_NAME}, but got a string with length {{length}} instead."
+)
+
+
+def _bad_name(calls: list[Any], i: int) -> tuple[str, str] | None:
+    """A past call's name the service refuses (its pattern, or past its length)."""
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        param = f"messages[{i}].tool_calls[{j}].function.name"
+        if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+            return BAD_NAME.format(param=param), param
+        if len(name) > MAX_NAME:
+            return LONG_NAME.format(param=param, length=len(name)), param
+    return None
+
+
 def validate_messages(messages: Any) -> tuple[str, str] | None:
-    """Check tool-call pairing like the real service; returns ``(message, param)``."""
+    """Check tool-call pairing and names like the real service; returns ``(message, param)``."""
     if messages is None:
         return "Missing required parameter: 'messages'.", "messages"
     if not isinstance(messages, list):
@@ -50,6 +76,8 @@ def validate_messages(messages: Any) -> tuple[str, str] | None:
         if pending:
             return UNANSWERED_CALLS.format(ids=", ".join(pending)), f"messages.[{i}].role"
         calls = msg.get("tool_calls") if role == "assistant" else None
+        if isinstance(calls, list) and (bad := _bad_name(calls, i)) is not None:
+            return bad
         pending = [str(c.get("id")) for c in calls or [] if isinstance(c, dict)]
         block = set(pending)
     if pending:
@@ -257,17 +285,22 @@ class OpenAIPeer(UpstreamPeer):
             if not role_sent:
                 head = {"role": "assistant", "content": None, "refusal": None}
                 role_sent = True
-            index = {} if reply.unindexed else {"index": i}
+            place = i if reply.index_of is None else reply.index_of[i]
+            index = {} if reply.unindexed else {"index": place}
+            whole = reply.arguments_whole and not isinstance(tc.arguments, str)
             head["tool_calls"] = [
                 {
                     **index,
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": tc.name, "arguments": ""},
+                    "function": {"name": tc.name, "arguments": tc.arguments if whole else ""},
                 }
             ]
             await self.emit(rec, resp, event(head))
-            for piece in split_pieces(arguments_text(tc.arguments), reply.tool_call_pieces):
+            pieces = (
+                [] if whole else split_pieces(arguments_text(tc.arguments), reply.tool_call_pieces)
+            )
+            for piece in pieces:
                 delta = {"tool_calls": [{**index, "function": {"arguments": piece}}]}
                 await self.emit(rec, resp, event(delta))
 

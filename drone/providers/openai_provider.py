@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -147,18 +148,22 @@ class OpenAIProvider:
 
 UNREADABLE = "The model service sent a chunk that is not a chat completion chunk."
 CALL = ("id", "name", "arguments")
+MAX_NAME = 64
+"""The longest name of a past call OpenAI takes back."""
 CUT_SHORT = {"length": CUT_AT_LENGTH, "content_filter": FILTERED}
 """Finish reasons of an answer the service cut: the turn fails, what streamed is kept cut."""
 
 
 class _Reading:
     """One stream's chunks as they come (the API's JSON): text goes out at once; tool call
-    pieces add up in ``calls`` (index -> id, name, arguments so far), each choice's
+    pieces add up in ``calls`` (in the order they came: id, name, arguments so far), each choice's
     ``finish_reason`` in ``finished``, and the last usage reported (a service may report it
     on more than one chunk: it counts the whole request each time) in ``usage``."""
 
     def __init__(self) -> None:
         self.calls: dict[int, dict[str, str]] = {}
+        self.at: dict[int, int] = {}
+        """The service's index of a call -> its key in ``calls`` (the order it came in)."""
         self.finished: list[str] = []
         self.usage: UsageReport | None = None
 
@@ -193,24 +198,33 @@ class _Reading:
         return events
 
     def _add(self, piece: dict[str, Any]) -> None:
-        """One piece of a call. Without an ``index`` (some compatible services leave it out),
-        a piece that brings another id, or a name to a call that has one, starts a new call."""
-        index = piece.get("index")
+        """One piece of a call. A piece that brings another id and a name to a call that has
+        both starts a new call, also at an index in use (some compatible services number each
+        call 0). Without an ``index`` (others leave it out), so does another id alone, or a name
+        to a call that has one. Calls keep the order their first pieces came in."""
+        index, named = piece.get("index"), piece.get("id")
         function = piece.get("function") or {}
+        name = function.get("name")
+        key = len(self.calls) - 1 if index is None else self.at.get(int(index), -1)
+        last = self.calls.get(key)
+        other = bool(named) and last is not None and str(named) != last["id"]
         if index is None:
-            index = max(self.calls, default=0)
-            last, named = self.calls.get(index), piece.get("id")
-            if last is not None and (
-                (named and str(named) != last["id"])
-                or (not named and function.get("name") and last["name"])
-            ):
-                index += 1
-        call = self.calls.setdefault(int(index), dict.fromkeys(CALL, ""))
-        if piece.get("id"):
-            call["id"] = str(piece["id"])
-        call["name"] += str(function.get("name") or "")
-        call["arguments"] += str(function.get("arguments") or "")
-        if len(call["arguments"]) > MAX_MESSAGE_BYTES:  # it could never be kept
+            other = other or bool(not named and name and last and last["name"])
+        else:
+            other = other and bool(last and last["id"] and last["name"] and name)
+        if last is None or other:
+            key = len(self.calls)
+            last = self.calls[key] = dict.fromkeys(CALL, "")
+            if index is not None:
+                self.at[int(index)] = key
+        if named:
+            last["id"] = str(named)
+        last["name"] += str(name or "")
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):  # an object, not its JSON
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        last["arguments"] += arguments or ""
+        if len(last["arguments"]) > MAX_MESSAGE_BYTES:  # it could never be kept
             raise ProviderError(ANSWER_TOO_LONG)
 
 
@@ -221,13 +235,20 @@ def _message(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                "function": {"name": _name(call.name), "arguments": _arguments(call.arguments)},
             }
             for call in message.tool_calls
         ]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     return out
+
+
+def _name(name: str) -> str:
+    """A past call's name as the service takes it back (``^[a-zA-Z0-9_-]{1,64}$``; it refuses
+    the whole history otherwise): what the model wrote, each other character as ``_``. Such a
+    call named no tool, and its result told the model so in the name it wrote."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:MAX_NAME] or "unnamed"
 
 
 def _arguments(text: str) -> str:

@@ -107,8 +107,11 @@ class Toolbox:
         return await self._dispatch(call.name, _arguments(call.arguments), signal)
 
     def refusal(self, call: ToolCall) -> str | None:
-        """Arguments no answer could make run: not a JSON object, or a command that cannot be
-        given to a process (a NUL in it, or too long)."""
+        """A call no answer could make run: a tool this level has not (``spawn_subagent`` at
+        the deepest), arguments that are not a JSON object, or a command that cannot be given
+        to a process (a NUL in it, or too long)."""
+        if all(spec.name != call.name for spec in self.specs):
+            return no_such_tool(call.name)
         try:
             args = _arguments(call.arguments)
             if call.name == "run_shell":
@@ -142,7 +145,7 @@ class Toolbox:
             )
         if name == "spawn_subagent" and self.depth + 1 < MAX_DEPTH:
             return await self._spawn(_text(args, "task"), signal)
-        raise ToolError(f"There is no tool named {name!r}.")
+        raise ToolError(no_such_tool(name))
 
     async def _spawn(self, task: str, signal: AbortSignal) -> str:
         child_depth = self.depth + 1
@@ -220,3 +223,7 @@ def _text(args: dict[str, Any], key: str, *, allow_empty: bool = False) -> str:
             )
             raise ToolError(message) from None
     return value
+
+
+def no_such_tool(name: str) -> str:
+    return f"There is no tool named {name!r}."
