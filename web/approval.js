@@ -179,11 +179,12 @@ export class ApprovalCard {
     );
     this.el = h(
       "div",
-      { class: "approval", role: "group", "aria-labelledby": titleId, dataset: { callId } },
+      { class: "approval", role: "group", "aria-labelledby": titleId, tabindex: "-1", dataset: { callId } },
       this.titleEl,
       argumentsOf(given, args),
       actions,
     );
+    if (canAnswer) this.el.addEventListener("keydown", (e) => this.onKeydown(e, onAnswer));
     if (hasHidden(String(given ?? "")) || this.el.querySelector(".hidden-char")) {
       this.titleEl.after(
         h(
@@ -224,8 +225,34 @@ export class ApprovalCard {
     }
   }
 
+  /**
+   * The keyboard on the card itself (where it puts it, not on a button): Enter approves, once
+   * per press (a held Enter does not answer the next card too). Space scrolls the conversation
+   * as it would have, and a letter goes to the prompt with the keyboard: a person who starts
+   * typing or reading as the card comes never answers it by accident (a focused Approve button
+   * took their space as a click).
+   */
+  onKeydown(e, onAnswer) {
+    if (e.target !== this.el || e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.key === "Enter") {
+      e.preventDefault();
+      if (!e.repeat) onAnswer(true, this.always.checked);
+    } else if (e.key.length === 1 && e.key !== " ") {
+      this.onTyping?.(); // the key's character lands where the keyboard now is
+    }
+  }
+
+  /** Take the keyboard (only a card its person may answer), its buttons in sight. */
   focus() {
-    this.approveButton.focus();
+    if (!this.approveButton.isConnected) return;
+    this.el.focus({ preventScroll: true });
+    // As focusing the button would: into the middle of the view, if it is not all in sight.
+    const button = this.approveButton.getBoundingClientRect();
+    const view = byId("conversation").getBoundingClientRect();
+    const bottom = Math.min(view.bottom, byId("prompt-form").getBoundingClientRect().top || Infinity);
+    if (button.top < Math.max(view.top, 0) || button.bottom > Math.min(bottom, innerHeight)) {
+      this.approveButton.scrollIntoView({ block: "center" });
+    }
   }
 }
 
@@ -261,6 +288,7 @@ export function createApprovals({ list, focusPrompt }) {
 
   /** A card was drawn: once it is in the open session's list, say so and maybe focus it. */
   function shown(card) {
+    card.onTyping = focusPrompt;
     queueMicrotask(() => {
       if (!list.contains(card.el)) return;
       const key = `${card.turnId} ${card.callId}`;
@@ -275,7 +303,7 @@ export function createApprovals({ list, focusPrompt }) {
   /** A card went (answered, or the call moved on): a keyboard that was on it goes on. */
   function gone(card, hadFocus) {
     if (!hadFocus) return;
-    const next = list.querySelector(".approval .approval-approve");
+    const next = list.querySelector(".approval:has(.approval-approve)");
     if (next) next.focus();
     else focusPrompt();
   }

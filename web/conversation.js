@@ -60,12 +60,13 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     lastTop = section.scrollTop;
   }
 
-  /** The furthest down the view may go and still show the approval card's button that has the
-   * keyboard (a short screen has no room for the card and all below it): its top, near the
-   * view's. Infinity when no card's button has the keyboard. */
+  /** The furthest down the view may go and still show the approval card (or its button) that
+   * has the keyboard (a short screen has no room for the card and all below it): its Approve
+   * button's top, near the view's. Infinity when no card has the keyboard. */
   function keptInSight() {
-    const focused = document.activeElement;
+    let focused = document.activeElement;
     if (!focused?.closest?.(".approval") || !section.contains(focused)) return Infinity;
+    if (focused.matches(".approval")) focused = focused.querySelector(".approval-approve") ?? focused;
     const offset = focused.getBoundingClientRect().top - section.getBoundingClientRect().top;
     return section.scrollTop + offset - FOCUS_MARGIN_PX;
   }

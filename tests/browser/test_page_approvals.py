@@ -38,7 +38,7 @@ from tests.browser.test_page import (
 )
 from tests.browser.test_page_a11y import contrast_failures
 from tests.browser.test_page_render import still
-from tests.conftest import RelayHandle, Upstream
+from tests.conftest import RelayHandle, Upstream, eventually
 
 pytestmark = pytest.mark.browser
 
@@ -133,8 +133,8 @@ async def test_a_waiting_command_shows_its_card_and_approve_by_keyboard_runs_it(
     await expect(tool_line(turn).locator(".tool-badge")).to_have_text("waiting for approval")
     await expect(turn.locator(".turn-status")).to_have_text(WAITING_STATUS)
     await expect(turn).to_have_attribute("aria-busy", "false")  # the card is there to be read
-    approve = card.get_by_role("button", name="Approve")
-    await expect(approve).to_be_focused()  # the prompt was empty: the card takes the keyboard
+    # The prompt was empty: the card takes the keyboard (Enter approves), not its Approve button.
+    await expect(card).to_be_focused()
     await expect(turn.get_by_role("group", name="Run this command?")).to_have_count(1)
     assert await said(page) == [WAITING_NEWS]
     assert not (tmp_path / "out.txt").exists()
@@ -198,8 +198,10 @@ async def test_always_for_this_session_runs_the_next_command_without_a_card(
 
     first = await submit(page, "First command")
     card = first.locator(".approval")
-    await expect(card.get_by_role("button", name="Approve")).to_be_focused(timeout=WAIT_MS)
+    await expect(card).to_be_focused(timeout=WAIT_MS)
     # Tab order: Approve, Deny, then the checkbox; Space ticks it, Shift+Tab goes back.
+    await page.keyboard.press("Tab")
+    await expect(card.get_by_role("button", name="Approve")).to_be_focused()
     await page.keyboard.press("Tab")
     await expect(card.get_by_role("button", name="Deny")).to_be_focused()
     await page.keyboard.press("Tab")
@@ -235,14 +237,13 @@ async def test_esc_esc_while_a_card_is_shown_aborts_and_the_call_reads_cancelled
 
     turn = await submit(page, "Wait for me")
     card = turn.locator(".approval")
-    approve = card.get_by_role("button", name="Approve")
-    await expect(approve).to_be_focused(timeout=WAIT_MS)
+    await expect(card).to_be_focused(timeout=WAIT_MS)
 
     await page.keyboard.press("Escape")  # the card does not swallow it: the page warns
     warning = page.locator("#toasts .toast", has_text="Press Esc again to abort")
     await expect(warning).to_be_visible()
     await expect(card).to_be_visible()
-    await expect(approve).to_be_focused()
+    await expect(card).to_be_focused()
     await page.keyboard.press("Escape")
 
     await expect(turn).to_have_class(has_class("aborted"), timeout=WAIT_MS)
@@ -298,7 +299,7 @@ async def test_a_reload_mid_wait_shows_the_card_again_and_approving_it_works(
     await expect(card.locator(".approval-code")).to_have_text(command, timeout=WAIT_MS)
     await expect(turn.locator(".tool")).to_have_count(1)
     await expect(turn.locator(".turn-status")).to_have_text(WAITING_STATUS)
-    await expect(card.get_by_role("button", name="Approve")).to_be_focused()
+    await expect(card).to_be_focused()
     await card.get_by_role("button", name="Approve").click()
 
     await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
@@ -403,7 +404,7 @@ async def test_several_waiting_calls_get_a_card_each_with_their_arguments_as_tex
         assert await turn.locator(".approval img, .approval b").count() == 0
         assert await page.evaluate("() => window.__pwned") == 0
         # The first card took the keyboard; the second did not take it away.
-        await expect(cards.nth(0).get_by_role("button", name="Approve")).to_be_focused()
+        await expect(cards.nth(0)).to_be_focused()
         await expect(turn.locator(".turn-status")).to_have_text(WAITING_STATUS)
         await page.screenshot(path=artifact("approval-two-cards.png"))
 
@@ -411,7 +412,7 @@ async def test_several_waiting_calls_get_a_card_each_with_their_arguments_as_tex
         await tool_event(drone, turn_id, "c1", "run_shell", "start")
         await expect(cards).to_have_count(1)
         await expect(tool_line(turn, 0).locator(".tool-badge")).to_have_text("running")
-        await expect(second.get_by_role("button", name="Approve")).to_be_focused()
+        await expect(second).to_be_focused()
         await expect(turn.locator(".turn-status")).to_have_text(WAITING_STATUS)
 
         # Nobody answers the second in time: it is declined, and the turn works on.
@@ -421,6 +422,44 @@ async def test_several_waiting_calls_get_a_card_each_with_their_arguments_as_tex
         await expect(tool_line(turn, 1).locator(".tool-badge")).to_have_text("declined")
         await expect(turn.locator(".turn-status")).to_have_text("Working…")
         await expect(page.locator("#prompt")).to_be_focused()
+
+
+async def test_typing_or_space_while_a_card_has_the_keyboard_never_answers_it(
+    page: Page, relay: RelayHandle
+) -> None:
+    """The card took the keyboard onto its Approve button: a person who went on typing their
+    next prompt ("also check the lint") lost "also", and its space pressed Approve, so the
+    command ran; a reader's Space to scroll did the same. Now letters go to the prompt, Space
+    does what it did, and only Enter (or a click) answers, once per press."""
+    answers: list[dict[str, Any]] = []
+
+    async def on_answer(payload: dict[str, Any]) -> dict[str, Any]:
+        answers.append(payload)
+        return {"ok": True}
+
+    async with HandDrone(relay.url) as drone:
+        drone.client.on(APPROVE_TOOL_CALL, on_answer, namespace=DRONE_NAMESPACE)
+        await open_hangar(page, relay)
+        turn = await submit(page, "Check the build")
+        turn_id = await drone.next_order()
+        await waiting(drone, turn_id, "c1", "run_shell", command="git push --force")
+        card = turn.locator(".approval")
+        await expect(card).to_be_focused()
+
+        await page.keyboard.type("also check the lint")
+        await expect(page.locator("#prompt")).to_have_value("also check the lint")
+        await expect(page.locator("#prompt")).to_be_focused()
+        await page.locator("#prompt").fill("")
+        await card.focus()
+        await page.keyboard.press("Space")
+        await expect(card).to_be_focused()
+        await page.keyboard.down("Enter")  # held: its repeats do not answer again
+        await page.keyboard.down("Enter")
+        await page.keyboard.up("Enter")
+        await eventually(lambda: answers, 5, "the answer")
+        await tool_event(drone, turn_id, "c1", "run_shell", "start")
+        await expect(card).to_have_count(0)
+        assert [(a["callId"], a["approve"]) for a in answers] == [("c1", True)]
 
 
 async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
@@ -445,7 +484,7 @@ async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
             await waiting(drone, turn_id, "c1", "run_shell", command="ls")
             card = turn.locator(".approval")
             approve = card.locator(".approval-approve")
-            await expect(approve).to_be_focused()
+            await expect(card).to_be_focused()
 
             await page.keyboard.press("Enter")
             await expect(approve).to_have_text("Approving…")
@@ -454,7 +493,7 @@ async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
             errors = page.locator("#toasts .toast.error")
             await expect(errors).to_have_text([DRONE_AWAY], timeout=WAIT_MS)
             await expect(approve).to_have_text("Approve")
-            await expect(approve).to_be_focused()
+            await expect(card).to_be_focused()
             await expect(card).to_be_visible()
             await expect(turn.locator(".turn-status")).to_have_text(WAITING_STATUS)
             assert len(answers) == 1

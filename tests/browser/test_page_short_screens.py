@@ -130,9 +130,10 @@ async def test_a_short_screen_keeps_the_answer_and_the_approval_card_in_view(
 
         await waiting(drone, turn_id, "c1", "run_shell", command="make test")
         approve = turn.locator(".approval").get_by_role("button", name="Approve")
-        await expect(approve).to_be_focused()  # the prompt was empty: the card takes the keyboard
+        # The prompt was empty: the card takes the keyboard (Enter approves), its buttons in sight.
+        await expect(turn.locator(".approval")).to_be_focused()
         await short.screenshot(path=artifact(f"short-{name}-approval.png"))
-        assert await on_screen(approve), "the focused Approve button is out of sight"
+        assert await on_screen(approve), "the focused card's Approve button is out of sight"
         await form_buttons_on_screen(short)
         assert await conversation_share(short) >= 0.4
         await assert_no_sideways_scroll(short, size[0])
@@ -175,8 +176,8 @@ async def test_at_320_by_256_every_button_can_be_reached_and_the_answer_read(
         await tiny.locator("#prompt").focus()
         await waiting(drone, turn_id, "c1", "run_shell", command="make test")
         approve = turn.locator(".approval").get_by_role("button", name="Approve")
-        await expect(approve).to_be_focused()
-        assert await on_screen(approve), "the focused Approve button is out of sight"
+        await expect(turn.locator(".approval")).to_be_focused()
+        assert await on_screen(approve), "the focused card's Approve button is out of sight"
         await assert_no_sideways_scroll(tiny, 320)
 
 
