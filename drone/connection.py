@@ -52,6 +52,7 @@ SETTLE_ON_CLOSE = 5.0
 """Seconds a closing drone waits for the relay to confirm the endings it still holds."""
 REJOIN_DELAYS = (0.2, 0.5, 1.0, 2.0, 3.0)
 """Seconds between attempts to reach a relay again after one dropped this drone."""
+ONE_ARGUMENT = "Invalid payload: the event takes one argument."
 RESULT_CHARS = 4000
 """The most of a turn's ending message sent (the relay takes 100,000 at most)."""
 
@@ -126,7 +127,9 @@ class RelayConnection:
         """Hand the relay's work orders and aborts to ``orders`` from now on."""
         self.orders = orders
 
-        async def on_work_order(data: Any = None) -> dict[str, Any]:
+        async def on_work_order(data: Any = None, *more: Any) -> dict[str, Any]:
+            if more:
+                return {"ok": False, "error": ONE_ARGUMENT}
             try:
                 sent = WorkOrder.model_validate(data)
             except ValidationError as error:
@@ -141,7 +144,9 @@ class RelayConnection:
             log.info("work order turn=%s accepted=%s", order.turn_id, answer["ok"])
             return answer
 
-        async def on_abort_work_order(data: Any = None) -> tuple[bool, str]:
+        async def on_abort_work_order(data: Any = None, *more: Any) -> tuple[bool, str]:
+            if more:
+                return False, ONE_ARGUMENT
             try:
                 request = AbortOrder.model_validate(data)
             except ValidationError as error:
@@ -152,7 +157,9 @@ class RelayConnection:
                 log.info("%s turn=%s", what, request.turn_id)
             return answer
 
-        async def on_approve_tool_call(data: Any = None) -> dict[str, Any]:
+        async def on_approve_tool_call(data: Any = None, *more: Any) -> dict[str, Any]:
+            if more:
+                return {"ok": False, "error": ONE_ARGUMENT}
             try:
                 answer = ToolApproval.model_validate(data)
             except ValidationError as error:
@@ -327,7 +334,7 @@ class RelayConnection:
         if reason and reason[0] == self.sio.reason.SERVER_DISCONNECT and not self._closing:
             self.spawn(self._rejoin())
 
-    async def _on_dismissed(self, data: Any = None) -> None:
+    async def _on_dismissed(self, data: Any = None, *more: Any) -> None:
         reason = data.get("reason") if isinstance(data, dict) else None
         self._refuse(str(reason or "The relay dismissed this drone."))
 

@@ -76,7 +76,8 @@ class Revocation:
 
 
 def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """(A lone surrogate, which no token holds, hashes as its own bytes: a wrong token.)"""
+    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()
 
 
 class Accounts:

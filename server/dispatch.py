@@ -31,6 +31,7 @@ from hangar.shared.protocol import (
     TurnQueued,
     WorkOrder,
 )
+from hangar.shared.wire import cut, whole_text
 
 from . import queue, session_tools
 from .background import Background
@@ -318,5 +319,14 @@ class Dispatcher:
         return None
 
 
+REFUSAL_CHARS = 4_000
+"""The most of a drone's refusal kept as its turn's result (a drone's own results are as long)."""
+
+
 def _refusal(answer: Any) -> str:
-    return str((answer.get("error") if isinstance(answer, dict) else None) or "")
+    """A drone's reason for not taking an order, as text a turn's result may hold: not a string
+    (or nothing to read) is no reason, half a surrogate pair is U+FFFD, a long one is cut."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, str) or not error.strip():
+        return ""
+    return cut(whole_text(error), REFUSAL_CHARS)

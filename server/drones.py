@@ -172,7 +172,7 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
             if await self.relay.accounts.drone_of(token) != owned:
                 raise socketio.exceptions.ConnectionRefusedError(INVALID_TOKEN)
         elif not self.relay.drone_token or not hmac.compare_digest(
-            token.encode(), self.relay.drone_token.encode()
+            token.encode(errors="surrogatepass"), self.relay.drone_token.encode()
         ):
             raise socketio.exceptions.ConnectionRefusedError(INVALID_TOKEN)
         try:

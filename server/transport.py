@@ -267,8 +267,9 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
         elif decoded.packet_type == packet.EVENT:
             if not self._handled_inline(eio_sid, decoded):
                 await self._handle_event(eio_sid, decoded.namespace, decoded.id, decoded.data)
-        elif decoded.packet_type == packet.ACK:
-            await self._handle_ack(eio_sid, decoded.namespace, decoded.id, decoded.data)
+        elif decoded.packet_type == packet.ACK:  # an answer of no arguments may come as none
+            data = decoded.data if isinstance(decoded.data, list) else [decoded.data]
+            await self._handle_ack(eio_sid, decoded.namespace, decoded.id, data)
         elif decoded.packet_type == packet.CONNECT:
             await self._handle_connect(eio_sid, decoded.namespace, decoded.data)
         else:

@@ -23,6 +23,7 @@ from .wire import (
     Ending,
     EndReason,
     Id,
+    MessageNumber,
     NumberedMessage,
     Title,
     ToolCall,
@@ -328,9 +329,8 @@ class MessageAdded(Wire):
     kind: Literal["message"] = "message"
     turn_id: Id
     message: ChatMessage
-    number: int | None = Field(default=None, ge=0)
-    """The message's place among the turn's messages from the drone (0 for the first): a
-    message sent again (its ack was lost) is stored once."""
+    number: MessageNumber | None = None
+    """Its place among the turn's messages (0 first): one sent again (ack lost) is stored once."""
 
 
 class ToolActivity(Wire):

@@ -139,10 +139,15 @@ MAX_BUNDLED = 64
 """Most finished messages a completion carries with it (``Ending.messages``)."""
 
 
+MOST_MESSAGES = 2**31 - 1
+"""A message's number (its place in its turn) is at most this: what a database integer holds."""
+MessageNumber = Annotated[int, Field(ge=0, le=MOST_MESSAGES)]
+
+
 class NumberedMessage(Wire):
     """A finished message with its place among the turn's messages (0 for the first)."""
 
-    number: int = Field(ge=0)
+    number: MessageNumber
     message: ChatMessage
 
 

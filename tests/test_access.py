@@ -110,6 +110,34 @@ async def test_a_connection_without_a_login_is_refused_with_a_reason(relay: Rela
         assert page.status == 303 and page.headers["Location"] == "/login"
 
 
+async def test_a_token_or_cookie_that_is_no_text_is_refused_as_any_wrong_one(
+    relay: RelayHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token holding half a surrogate pair failed to encode before it was checked: a page was
+    told the relay's database or Redis did not answer (to try again, for ever) and a drone the
+    same; a login cookie of bytes that are not UTF-8 made ``GET /`` answer 500 with a
+    traceback."""
+    caplog.set_level(logging.INFO)
+    laptop = await relay.relay.accounts.create_drone_token("laptop")
+    refused = await refusal_of(relay.url, transports=["websocket"], auth={"token": "hgt_\ud800a"})
+    assert refused == {"message": NOT_LOGGED_IN}
+    for token in ("\ud800" * 20, laptop[:-3] + "\ud800"):
+        hello = {**drone_hello("laptop"), "token": token}
+        refused = await refusal_of(relay.url, DRONE_NAMESPACE, auth=hello, transports=["websocket"])
+        assert refused == {"message": INVALID_TOKEN}, token
+
+    host, port = relay.url.removeprefix("http://").split(":")
+    for request in (b"GET / HTTP/1.1", b"GET /login HTTP/1.1", b"POST /logout HTTP/1.1"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        cookie = LOGIN_COOKIE.encode() + b"=\xff\xfe\xfd"
+        writer.write(request + b"\r\nHost: x\r\nCookie: " + cookie + b"\r\n")
+        writer.write(b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+        status = (await asyncio.wait_for(reader.readline(), 5)).split()[1]
+        writer.close()
+        assert status in (b"200", b"303"), (request, status)
+    assert "Traceback" not in caplog.text and "does not answer" not in caplog.text
+
+
 async def test_static_serves_the_pages_files_and_nothing_else_of_its_folder(
     relay: RelayHandle,
 ) -> None:

@@ -139,6 +139,30 @@ async def test_a_drones_malformed_report_gets_an_error_ack_and_no_traceback(
     assert "Traceback" not in caplog.text
 
 
+async def test_a_drones_answer_of_no_value_is_a_refusal_not_a_traceback(
+    relay: RelayHandle,
+    raw: Callable[..., Any],
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A drone answering its work order with an ack that carries nothing (``43/drone,1``, as
+    some socket.io clients send an answer of no arguments): python-socketio called the relay's
+    callback with ``*None``, logged a traceback, and the turn waited out the drone's time."""
+    caplog.set_level(logging.DEBUG)
+    drone: RawSocket = await raw(f"0/drone,{json.dumps(drone_hello('terse-1'))}")
+    turn_id = (await browser.submit("Answer with nothing"))["turnId"]
+    orders = await eventually(
+        lambda: [m for m in drone.received if m.startswith("42/drone,")], what="the work order"
+    )
+    ack_id = orders[0].removeprefix("42/drone,").partition("[")[0]
+
+    await drone.send(f"3/drone,{ack_id}")
+
+    ended = (turn_id, False, "The drone refused the work order.")
+    assert await browser.completion(turn_id, timeout=5) == ended
+    assert "Traceback" not in caplog.text
+
+
 async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
     relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:

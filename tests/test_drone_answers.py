@@ -1,0 +1,139 @@
+"""What a drone answers the relay, however wrong: its turn ends once, with a reason a person can
+read, and nothing is sent again for ever (docs/protocol.md, "Drone events"); and what a relay
+sends a drone, however wrong, gets an answer that says so."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangar.drone.connection import ONE_ARGUMENT
+from hangar.drone.tools.policy import ToolPolicy
+from hangar.drone.worker import DroneConfig, run_drone
+from hangar.server.dispatch import REFUSAL_CHARS
+from hangar.shared.abort import AbortController, AbortError
+from hangar.shared.protocol import DRONE_NAMESPACE, WORK_ORDER, WORK_ORDER_COMPLETE
+from tests.bare_relay import BareRelay
+from tests.browser.hand_drone import ANSWER_TIMEOUT, HandDrone
+from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, eventually
+
+HUGE = "x" * 2_000_000
+
+
+@pytest.mark.parametrize(
+    ("error", "told"),
+    [
+        ("bad \ud800 news", "bad \ufffd news"),
+        (HUGE, f"{'x' * REFUSAL_CHARS}[… {len(HUGE) - REFUSAL_CHARS} more characters not shown]"),
+        ({"nested": ["a", 1]}, "The drone refused the work order."),
+        ("   ", "The drone refused the work order."),
+    ],
+    ids=["half-a-surrogate-pair", "huge", "not-text", "blank"],
+)
+async def test_a_drones_refusal_of_any_shape_ends_its_turn_once_in_words(
+    relay: RelayHandle,
+    browser: Browser,
+    caplog: pytest.LogCaptureFixture,
+    error: Any,
+    told: str,
+) -> None:
+    """A refusal holding half a surrogate pair could not be stored: the turn went back in line
+    and was sent again, 23 times in 7 s, for ever. A refusal of 2,000,000 characters was stored
+    whole and the session's page was told to resync instead of seeing the turn end; one that
+    was no text was stored as Python's repr of it."""
+    caplog.set_level(logging.INFO)
+    orders: list[dict[str, Any]] = []
+
+    async def refuse(data: dict[str, Any]) -> dict[str, Any]:
+        orders.append(data)
+        return {"ok": False, "error": error}
+
+    async with HandDrone(relay.url) as drone:
+        drone.client.on(WORK_ORDER, refuse, namespace=DRONE_NAMESPACE)
+        turn_id = (await browser.submit("Refuse this"))["turnId"]
+
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, False, told)
+    turn = await relay.relay.store.get_turn(turn_id, messages=False)
+    assert turn is not None and (turn.status, turn.reason, turn.result) == (
+        "error",
+        "drone_failed",
+        told,
+    )
+    assert len(orders) == 1 and "resync" not in [event for event, _ in browser.events]
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_message_number_no_store_holds_is_refused_for_good(
+    relay: RelayHandle, browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message numbered 2**63 (2**31 on PostgreSQL) did not fit the store's integer: the drone
+    was told to send it again, for ever, and so was a completion carrying it, which never
+    landed: the turn stayed processing."""
+    caplog.set_level(logging.INFO)
+    message = {"role": "assistant", "content": "Hello"}
+    async with HandDrone(relay.url) as drone:
+        turn_id = (await browser.submit("Number it"))["turnId"]
+        assert await drone.next_order() == turn_id
+        for number in (2**63, 2**31):
+            payload = {"kind": "message", "turnId": turn_id, "number": number, "message": message}
+            ack = await drone.client.call(
+                "workOrderProgress", payload, namespace=DRONE_NAMESPACE, timeout=ANSWER_TIMEOUT
+            )
+            assert ack["ok"] is False and "retry" not in ack and "number" in ack["error"], ack
+        ending = {"reason": "finished", "messages": [{"number": 2**63, "message": message}]}
+        ack = await drone.client.call(
+            WORK_ORDER_COMPLETE,
+            (turn_id, True, "Hello", ending),
+            namespace=DRONE_NAMESPACE,
+            timeout=ANSWER_TIMEOUT,
+        )
+        assert ack["ok"] is False and "retry" not in ack, ack
+        await drone.complete(turn_id, True, "Hello", {"reason": "finished"})
+        assert await browser.completion(turn_id) == (turn_id, True, "Hello")
+    assert "Traceback" not in caplog.text
+
+
+async def test_an_event_from_the_relay_with_more_arguments_is_refused_in_words(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A work order, an abort or an approval sent with two arguments: the drone's handler failed
+    with a traceback ("takes from 0 to 1 positional arguments but 2 were given") and the
+    relay got no answer at all."""
+    caplog.set_level(logging.INFO)
+    relay = BareRelay()
+    port = await relay.start()
+    config = DroneConfig(
+        server=f"http://127.0.0.1:{port}",
+        token=DRONE_TOKEN,
+        name="strict",
+        provider="openai",
+        model="gpt-test",
+        base_url="http://127.0.0.1:9/v1",
+        api_key="test-key",
+        tools=ToolPolicy.allow_all(),
+        workdir=str(tmp_path),
+        workers=0,
+    )
+    root = AbortController()
+    drone = asyncio.ensure_future(run_drone(config, root))
+    try:
+        sid = await eventually(lambda: relay.drone, timeout=30, what="the drone")
+        order = {"turnId": "t_1", "sessionId": "s_1", "prompt": "Hi", "history": []}
+        for event, data, refused in (
+            (WORK_ORDER, order, {"ok": False, "error": ONE_ARGUMENT}),
+            ("abortWorkOrder", {"turnId": "t_1"}, (False, ONE_ARGUMENT)),
+            ("approveToolCall", {"turnId": "t_1"}, {"ok": False, "error": ONE_ARGUMENT}),
+        ):
+            answer = await relay.sio.call(
+                event, (data, "more"), to=sid, namespace=DRONE_NAMESPACE, timeout=5
+            )
+            assert answer == refused, event
+    finally:
+        root.abort(AbortError("The test is over.", cause="operator"))
+        await asyncio.wait_for(drone, 10)
+        await relay.runner.cleanup()
+    assert "Traceback" not in caplog.text
