@@ -280,6 +280,7 @@ class Agent:
     async def _run_tool(self, call: ToolCall, signal: AbortSignal) -> str:
         """One call through the gate, reported as it goes: its result, or why it did not run."""
         if (refusal := self.tools.refusal(call)) is not None:  # no one is asked for nothing
+            log.info("tool refused turn=%s tool=%r: %s", self.turn_id, call.name, refusal)
             result = _fitted(f"Error: {refusal}")
             await self.report.tool(call, "error", self.depth, result)
             return result

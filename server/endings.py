@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import replace
+from typing import TypeVar
 
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -29,6 +30,10 @@ from .store import Ending, TurnRecord, TurnStore
 
 log = logging.getLogger("hangar.relay")
 
+V = TypeVar("V")
+REMEMBERED = 10_000
+"""Accepted and ended turns remembered (``accepted``, ``ended_here``); the oldest go first."""
+
 
 class TurnEndings:
     """The ending part of ``turns.TurnLifecycle``."""
@@ -44,6 +49,7 @@ class TurnEndings:
     live: dict[str, LiveTurn]
     abort_asked_by: dict[str, str]
     accepted: OrderedDict[str, str]
+    ended_here: OrderedDict[str, None]
 
     async def end_turn(
         self,
@@ -101,10 +107,22 @@ class TurnEndings:
             log.info("late end ignored turn=%s status=%s", turn_id, ending.status)
             return None
         self.reaper.forget(turn_id)
+        remember(self.ended_here, turn_id, None)
         self.live.pop(turn_id, None)
         self.abort_asked_by.pop(turn_id, None)
         self.accepted.pop(turn_id, None)
         return ended
+
+    def started(self, turn: TurnRecord) -> None:
+        """Its drone accepted the turn's work order: live here if the drone is connected here.
+        Not once it ended: a drone may complete a turn before its answer to the order comes
+        (it was then taken for running, its text and aborts taken for a live turn's)."""
+        if turn.drone_id is None or turn.turn_id in self.ended_here:
+            return
+        remember(self.accepted, turn.turn_id, turn.drone_id)
+        if self.directory.here(turn.drone_id) is not None:
+            live = LiveTurn(turn.turn_id, turn.session_id, turn.owner, turn.drone_id)
+            self.live.setdefault(turn.turn_id, live)
 
     async def _announce(self, ended: TurnRecord, ending: Ending) -> None:
         """Tell people of a stored ending: nothing here may fail on Redis."""
@@ -148,6 +166,12 @@ class TurnEndings:
         await self.rooms.to_session(ended.session_id, TURN_ENDED, event.wire())
         await self.directory.broadcast()
         self.dispatcher.wake()  # a slot is free, or the session's next turn may start
+
+
+def remember(recent: OrderedDict[str, V], key: str, value: V) -> None:
+    recent[key] = value
+    if len(recent) > REMEMBERED:
+        recent.popitem(last=False)
 
 
 def brief(error: BaseException) -> str:

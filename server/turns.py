@@ -66,8 +66,6 @@ QUEUE_LIMIT = 20
 """Turns one person may have waiting at once."""
 STORE_WAIT = 1.0
 """Seconds an abort waits for the database before it asks Redis whose the turn is."""
-ACCEPTED_REMEMBERED = 10_000
-"""Accepted turns remembered (``TurnLifecycle.accepted``); the oldest are forgotten first."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
 EMPTY_PROMPT = "The prompt is empty: it has nothing to read."
@@ -113,6 +111,8 @@ class TurnLifecycle(TurnEndings):
         """Who asked (through this relay) to abort a turn still processing."""
         self.accepted: OrderedDict[str, str] = OrderedDict()
         """Processing turns whose order this relay saw a drone accept: turn -> drone (recent)."""
+        self.ended_here: OrderedDict[str, None] = OrderedDict()
+        """Turns whose ending this relay stored (recent): an order's late acceptance is no start."""
 
     # ---- browsers
 
@@ -364,16 +364,6 @@ class TurnLifecycle(TurnEndings):
             "ok": result["ok"],
             **({"error": str(result.get("error"))} if not result["ok"] else {}),
         }
-
-    def started(self, turn: TurnRecord) -> None:
-        """Its drone accepted the turn's work order: live here if the drone is connected here."""
-        if turn.drone_id is not None:
-            self.accepted[turn.turn_id] = turn.drone_id
-            if len(self.accepted) > ACCEPTED_REMEMBERED:
-                self.accepted.popitem(last=False)
-        if turn.drone_id is not None and self.directory.here(turn.drone_id) is not None:
-            live = LiveTurn(turn.turn_id, turn.session_id, turn.owner, turn.drone_id)
-            self.live.setdefault(turn.turn_id, live)
 
 
 def _quietly(task: asyncio.Future[Any]) -> None:

@@ -16,7 +16,12 @@ from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.dispatch import REFUSAL_CHARS
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.protocol import DRONE_NAMESPACE, WORK_ORDER, WORK_ORDER_COMPLETE
+from hangar.shared.protocol import (
+    DRONE_NAMESPACE,
+    NO_ACTIVE_WORK_ORDER,
+    WORK_ORDER,
+    WORK_ORDER_COMPLETE,
+)
 from tests.bare_relay import BareRelay
 from tests.browser.hand_drone import ANSWER_TIMEOUT, HandDrone
 from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, eventually
@@ -137,3 +142,25 @@ async def test_an_event_from_the_relay_with_more_arguments_is_refused_in_words(
         await asyncio.wait_for(drone, 10)
         await relay.runner.cleanup()
     assert "Traceback" not in caplog.text
+
+
+async def test_a_turn_its_drone_completed_before_accepting_its_order_stays_ended(
+    relay: RelayHandle, browser: Browser
+) -> None:
+    """A drone that reported a turn's completion and only then answered its work order "ok":
+    the relay took the ended turn for running. Its later text went to pages, an abort of it
+    was answered "Abort signaled", and its live state was never dropped."""
+    async with HandDrone(relay.url) as drone:
+
+        async def complete_first(data: dict[str, Any]) -> dict[str, Any]:
+            await drone.complete(data["turnId"], True, "Done at once.", {"reason": "finished"})
+            return {"ok": True}
+
+        drone.client.on(WORK_ORDER, complete_first, namespace=DRONE_NAMESPACE)
+        turn_id = (await browser.submit("Be quick"))["turnId"]
+        assert await browser.completion(turn_id) == (turn_id, True, "Done at once.")
+        await eventually(lambda: relay.relay.turns.ended_here, what="the ending stored")
+
+        assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
+        assert turn_id not in relay.relay.turns.live
+        assert turn_id not in relay.relay.turns.accepted

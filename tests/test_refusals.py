@@ -384,7 +384,7 @@ async def test_a_tool_name_a_model_makes_up_cannot_forge_a_line_of_the_drones_lo
     turn_id = (await browser.submit("Call it"))["turnId"]
     assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "done")
 
-    said = f"tool failed turn={turn_id} tool={name!r}: There is no tool named"
+    said = f"tool refused turn={turn_id} tool={name!r}: There is no tool named"
     log = await eventually(
         lambda: said in (text := (tmp_path / "proc-drone-0.log").read_text()) and text,
         timeout=10,
