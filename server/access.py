@@ -331,14 +331,30 @@ class Access:
 
 REVOCATION_POLL = 0.5
 """How often a relay looks for revoked logins, tokens, people and drones (seconds)."""
+REVOCATION_TRIES = 120
+"""Polls at which a revocation its listeners failed on (the store down) is tried again."""
 
 Listener = Callable[[Revocation], Awaitable[None]]
 
 
 async def follow_revocations(accounts: Accounts, listeners: list[Listener]) -> None:
-    """Tell ``listeners`` of every revocation from now on, whichever relay or command made it."""
+    """Tell ``listeners`` of every revocation from now on, whichever relay or command made it.
+    First, the people removed and the drones revoked (and given no token since) that the store
+    still keeps (a day): a relay that was not running then never heard of them, and their turns
+    would wait or run. A revocation the listeners failed on is told again at the next poll."""
     last = await accounts.last_revocation()
+    due: dict[int, tuple[Revocation, int]] = {}
+    for missed in await accounts.revocations_after(0):
+        if missed.kind == "user" or (
+            missed.kind == "drone" and await accounts.drone_revoked(missed.revoked)
+        ):
+            due[missed.revocation_id] = (missed, REVOCATION_TRIES)
     while True:
+        for revocation_id, (revocation, tries) in list(due.items()):
+            if await _tell(listeners, revocation) or tries <= 1:
+                del due[revocation_id]
+            else:
+                due[revocation_id] = (revocation, tries - 1)
         await asyncio.sleep(REVOCATION_POLL)
         try:
             revocations = await accounts.revocations_after(last)
@@ -349,8 +365,20 @@ async def follow_revocations(accounts: Accounts, listeners: list[Listener]) -> N
             continue
         for revocation in revocations:
             last = revocation.revocation_id
-            for listener in listeners:
-                try:
-                    await listener(revocation)
-                except Exception:
-                    log.exception("acting on a revocation failed")
+            due[last] = (revocation, REVOCATION_TRIES)
+
+
+async def _tell(listeners: list[Listener], revocation: Revocation) -> bool:
+    """Whether every listener acted on ``revocation`` (each does all it can, as often as told)."""
+    told = True
+    for listener in listeners:
+        try:
+            await listener(revocation)
+        except Exception as error:
+            revocation_failures.warning(
+                "acting on a revocation failed, to be tried again (%s: %s)",
+                type(error).__name__,
+                str(error)[:200],
+            )
+            told = False
+    return told

@@ -18,11 +18,26 @@ import pytest
 import socketio
 
 from bench.peers import OpenAIPeer, Reply
-from hangar.server.access import BAD_FORM, BAD_LOGIN, LOGIN_COOKIE, TOO_MANY_LOGINS
-from hangar.server.accounts import FAILURE_WINDOW, MAX_ADDRESS_FAILURES, MAX_USER_FAILURES
+from hangar.server.access import (
+    BAD_FORM,
+    BAD_LOGIN,
+    LOGIN_COOKIE,
+    TOO_MANY_LOGINS,
+    follow_revocations,
+)
+from hangar.server.accounts import (
+    FAILURE_WINDOW,
+    MAX_ADDRESS_FAILURES,
+    MAX_USER_FAILURES,
+    Accounts,
+    Revocation,
+)
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
 from hangar.server.drones import INVALID_TOKEN, OWN_TOKEN, TOKEN_REVOKED
+from hangar.server.reports import PERSON_REMOVED
+from hangar.server.sqlite_store import SqliteTurnStore
+from hangar.server.store import TurnRecord
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ALREADY_CONNECTED,
@@ -32,7 +47,16 @@ from hangar.shared.protocol import (
     UNKNOWN_TURN,
 )
 from tests.browser.hand_drone import HandDrone
-from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
+from tests.conftest import (
+    DRONE_TOKEN,
+    Browser,
+    RelayHandle,
+    Upstream,
+    drone_hello,
+    eventually,
+    relay_folder,
+    relay_on,
+)
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(400)], delay=0.03)
 PASSWORD = "correct horse battery staple"
@@ -777,6 +801,69 @@ async def test_a_turn_for_a_drone_whose_token_was_revoked_before_is_refused_at_o
     assert again["ok"] is True
     turn = await relay.relay.store.get_turn(again["turnId"], messages=False)
     assert turn is not None and turn.status == "queued"
+
+
+async def test_revocations_made_while_no_relay_ran_end_their_turns_once_one_starts(
+    tmp_path: Path,
+) -> None:
+    """A drone's token revoked, and a person removed, while no relay ran (the commands work on
+    the database alone): the turn waiting for that drone waited for ever, and the person's
+    queued turns ran once a drone came, though they ended at once with the relay running."""
+    database = relay_folder(tmp_path) / "hangar.db"
+    config = RelayConfig(port=0, database=str(database), drone_token=DRONE_TOKEN)
+    async with relay_on(config) as first:
+        await first.relay.accounts.create_drone_token("laptop")
+        alice = await Browser(first.url, await first.people.token("alice")).connect()
+        bob = await Browser(first.url, await first.people.token("bob")).connect()
+        laptops = (await alice.submit("On the laptop", droneId="laptop"))["turnId"]
+        bobs = (await bob.submit("On any drone"))["turnId"]  # none is there: it waits
+        await alice.close()
+        await bob.close()
+    store = SqliteTurnStore(str(database))
+    await store.open()
+    try:
+        assert await Accounts(store).revoke_drone_token("laptop")
+        assert await Accounts(store).remove_user("bob")
+    finally:
+        await store.close()
+
+    async with relay_on(config) as again:
+        ended = {laptops: ("error", TOKEN_REVOKED), bobs: ("aborted", PERSON_REMOVED.result)}
+        for turn_id, (status, result) in ended.items():
+
+            async def stored(turn_id: str = turn_id) -> TurnRecord | None:
+                turn = await again.relay.store.get_turn(turn_id, messages=False)
+                return turn if turn is not None and turn.status != "queued" else None
+
+            turn = await eventually(stored, timeout=5, what=f"{turn_id} ended")
+            assert (turn.status, turn.result) == (status, result)
+
+
+async def test_a_revocation_a_relay_failed_to_act_on_is_acted_on_at_the_next_look(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database failed while a relay ended the turns of a drone whose token was revoked: the
+    relay logged a traceback and went on past the revocation, and those turns waited for ever."""
+    store = SqliteTurnStore(str(tmp_path / "hangar.db"))
+    await store.open()
+    accounts = Accounts(store)
+    await accounts.create_drone_token("laptop")
+    heard: list[str] = []
+
+    async def flaky(revocation: Revocation) -> None:
+        heard.append(f"{revocation.kind} {revocation.revoked}")
+        if len(heard) == 1:
+            raise OSError("the database does not answer")
+
+    following = asyncio.ensure_future(follow_revocations(accounts, [flaky]))
+    try:
+        await accounts.revoke_drone_token("laptop")
+        await eventually(lambda: len(heard) == 2, what="the revocation told again")
+    finally:
+        following.cancel()
+        await store.close()
+    assert heard == ["drone laptop", "drone laptop"]
+    assert "Traceback" not in caplog.text
 
 
 async def test_a_drone_token_only_opens_its_own_drone(relay: RelayHandle) -> None:
