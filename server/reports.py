@@ -31,6 +31,7 @@ from hangar.shared.protocol import (
     ToolActivity,
     TurnStatus,
 )
+from hangar.shared.wire import status_of
 
 from . import sub_agents
 from .accounts import Revocation
@@ -275,6 +276,10 @@ class DroneReports:
         reason: EndReason = (
             completion.ending.reason if completion.ending is not None else _reason_of(status)
         )
+        if (status_of(reason) == "error") != (status == "error"):  # success and reason disagree
+            log.info("turn=%s failed, not for %s as its drone said", completion.turn_id, reason)
+            reason = _reason_of(status)
+        status = status_of(reason)  # an answer that reads "aborted" is no abort
         by = self.turns.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
         if reason == "aborted" and by is None:  # asked through another relay
             with contextlib.suppress(Exception):  # Redis failing: the database's note, if any

@@ -164,3 +164,36 @@ async def test_a_turn_its_drone_completed_before_accepting_its_order_stays_ended
         assert await browser.abort(turn_id) == (False, NO_ACTIVE_WORK_ORDER)
         assert turn_id not in relay.relay.turns.live
         assert turn_id not in relay.relay.turns.accepted
+
+
+@pytest.mark.parametrize(
+    ("success", "message", "said", "kept"),
+    [
+        (True, "done", "aborted", ("aborted", "aborted")),
+        (False, "boom", "finished", ("error", "drone_failed")),
+        (True, "aborted", "finished", ("finished", "finished")),
+        (False, "aborted", "operator", ("error", "drone_failed")),
+    ],
+    ids=["aborted-saying-done", "failed-for-finished", "an-answer-aborted", "failed-for-operator"],
+)
+async def test_a_completion_whose_reason_contradicts_it_is_kept_as_it_reads(
+    relay: RelayHandle,
+    browser: Browser,
+    success: bool,
+    message: str,
+    said: str,
+    kept: tuple[str, str],
+) -> None:
+    """A completion of (True, "done") with the reason "aborted", or (False, "boom") with
+    "finished": the turn was stored finished-and-aborted, or in error for having finished, and
+    pages were told so in ``turnEnded``. Its reason says how it ended, unless it says a failed
+    turn did not fail; and a model whose whole answer was "aborted" finished."""
+    async with HandDrone(relay.url) as drone:
+        turn_id = (await browser.submit("Contradict yourself"))["turnId"]
+        assert await drone.next_order() == turn_id
+        await drone.complete(turn_id, success, message, {"reason": said})
+        assert await browser.completion(turn_id) == (turn_id, success, message)
+    turn = await relay.relay.store.get_turn(turn_id, messages=False)
+    assert turn is not None and (turn.status, turn.reason) == kept
+    ended = await browser.ending(turn_id)
+    assert (ended["status"], ended["reason"]) == kept
