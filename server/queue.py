@@ -122,7 +122,7 @@ def places(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[
     ahead_any = 0
     ahead_for: Counter[str] = Counter()
     found = []
-    for row in queue:
+    for row in _in_turn(queue, online):
         wanted = row["wanted_drone"]
         if not row["ready"]:
             found.append(Place(row["turn_id"], row["session_id"], 0, wanted))
@@ -136,6 +136,32 @@ def places(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[
             ahead_for[wanted] += 1
         found.append(Place(row["turn_id"], row["session_id"], position, wanted))
     return found
+
+
+def _in_turn(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[dict[str, Any]]:
+    """The queue in the order its turns start, as ``choose`` takes them: a turn waiting for a
+    drone that is away takes no place in its person's line (their next turn has it), and
+    comes after the rest."""
+    ranks: Counter[str] = Counter()
+    line, away = [], []
+    for row in queue:
+        wanted = row["wanted_drone"]
+        if row["ready"] and wanted is not None and online is not None and wanted not in online:
+            away.append(row)
+            continue
+        ranks[row["owner"]] += 1
+        line.append(
+            (
+                not row["ready"],
+                ranks[row["owner"]],
+                row["served_at"],
+                row["created_at"],
+                row["turn_id"],
+                row,
+            )
+        )
+    line.sort(key=lambda entry: entry[:5])
+    return [entry[-1] for entry in line] + away
 
 
 async def queue_order(db: Database) -> list[dict[str, Any]]:

@@ -420,6 +420,32 @@ async def test_a_turn_waiting_for_an_offline_drone_is_not_counted_ahead_of_one_f
     assert await bob.completion(ack["turnId"]) == (ack["turnId"], True, "ok")
 
 
+async def test_the_place_shown_first_is_the_turn_that_starts_next(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browsers: Any
+) -> None:
+    """Carol's turn keeps the one drone busy; Alice sends one for her laptop (away), then one for
+    any drone, then Bob one for any: Bob's was shown first in line and Alice's second, but
+    Alice's started first (her laptop's turn takes no place in her line)."""
+    carol: Browser = await browsers("carol")
+    alice: Browser = await browsers("alice")
+    bob: Browser = await browsers("bob")
+    openai_peer.script(SLOW)
+    openai_peer.default = Reply(chunks=["ok"])
+    await start_drone(Upstream("openai", openai_peer))  # one slot
+    running = await carol.submit("carol")
+    await carol.wait_text(running["turnId"], pieces=1)
+    await alice.submit("alice on the laptop", droneId="laptop")
+    alices = await alice.submit("alice on any")
+    bobs = await bob.submit("bob on any")
+
+    assert (await place_of(alice, alices["turnId"]))["position"] == 1
+    assert (await place_of(bob, bobs["turnId"]))["position"] == 2
+    await carol.abort(running["turnId"])
+    await bob.completion(bobs["turnId"], timeout=15)
+    started = [r.messages[-1]["content"] for r in openai_peer.requests]
+    assert started == ["carol", "alice on any", "bob on any"]
+
+
 async def test_a_person_may_have_only_so_many_orders_waiting(
     relay: RelayHandle, browsers: Any
 ) -> None:
