@@ -35,6 +35,7 @@ import engineio
 import socketio
 from aiohttp import web
 from engineio import packet as eio_packet
+from engineio import payload as eio_payload
 from socketio import packet
 
 from hangar.shared.packets import TextPacket
@@ -143,6 +144,10 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
         return SendQueue(*args, **kwargs)
 
 
+CLOSE_PACKET = b"1"
+"""engine.io's packet for a client closing its connection."""
+
+
 class WholeBody:
     """A long-polling POST's body as engine.io reads it (``read(length)``): all of it. aiohttp's
     ``StreamReader.read(n)`` returns what has arrived so far, and a large event, which comes in
@@ -156,9 +161,18 @@ class WholeBody:
         if length < 0:
             return await content.read()
         try:
-            return await content.readexactly(length)
+            body = await content.readexactly(length)
         except asyncio.IncompleteReadError as error:  # the client went away mid-body
             return error.partial
+        try:  # engine.io decodes it again, but fails on some bodies with a traceback
+            packets = eio_payload.Payload(encoded_payload=body.decode()).packets
+            known = all(0 <= p.packet_type < len(eio_packet.packet_names) for p in packets)
+        except (ValueError, IndexError):
+            known = False
+        if not known:  # the connection ends, as for a bad websocket frame
+            log.info("a long-polling body that is not engine.io's: the connection is closed")
+            return CLOSE_PACKET
+        return body
 
 
 InlineHandler = Callable[[str, list[Any]], "asyncio.Future[Any] | dict[str, Any] | None"]

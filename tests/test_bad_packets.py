@@ -163,6 +163,24 @@ async def test_a_drones_answer_of_no_value_is_a_refusal_not_a_traceback(
     assert "Traceback" not in caplog.text
 
 
+@pytest.mark.parametrize("body", ["\x1e\x1e", "\x1e", "9zz", '42/ide,4["listSessions",{}]\x1ex'])
+async def test_a_long_polling_post_that_is_not_engine_io_ends_its_connection_quietly(
+    relay: RelayHandle, caplog: pytest.LogCaptureFixture, body: str
+) -> None:
+    """Bodies engine.io cannot read made it log "post request handler error" with a traceback
+    (an empty packet, a packet type that is no number) and keep the connection."""
+    caplog.set_level(logging.DEBUG)
+    url = relay.url + "/socket.io/?EIO=4&transport=polling"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as opened:
+            sid = json.loads((await opened.text())[1:])["sid"]
+        async with http.post(f"{url}&sid={sid}", data=body.encode()) as posted:
+            assert posted.status == 200  # taken as the client closing its connection
+        async with http.get(f"{url}&sid={sid}") as after:
+            assert after.status == 400  # the connection is gone
+    assert "Traceback" not in caplog.text and "handler error" not in caplog.text
+
+
 async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
     relay: RelayHandle, raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
