@@ -75,7 +75,7 @@ const controls = createControls(state, { conversation, sessions, drones });
 watchConnection(() => {
   conversation.forgetOthers();
   drones.load();
-  sessions.reload();
+  sessions.reloadAsLoaded();
   if (state.currentSessionId) sessions.open(state.currentSessionId);
 });
 

@@ -142,20 +142,58 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     cardContext.focusLost();
   });
 
-  function showCards(cards) {
+  /** Which build of the list is shown: an answer asked for by an earlier one is not for it. */
+  let build = 0;
+
+  /**
+   * Show `cards` of `sessionId` (`more`: earlier turns can be loaded), following the conversation;
+   * or, when the person had scrolled up, at `place` (see `placeInView`), where they were.
+   */
+  function showCards(cards, { sessionId = null, more = false, place = null } = {}) {
+    build += 1;
+    loadingEarlier = false;
     list.replaceChildren(...cards.map((c) => c.el));
+    offerEarlier(sessionId, more);
     renderEmpty();
-    follow();
+    if (!place || following || !backTo(place)) follow();
     onChange();
+  }
+
+  /** The first turn in view and how far below the view's top it starts (negative: above it). */
+  function placeInView() {
+    const top = section.getBoundingClientRect().top;
+    for (const el of list.querySelectorAll("article.turn")) {
+      const box = el.getBoundingClientRect();
+      if (box.bottom > top) return { turnId: el.dataset.turnId, offset: box.top - top };
+    }
+    return null;
+  }
+
+  /** Draw a card's text now: an ended turn's for good, a running one's so far (more may come). */
+  function drawNow(card) {
+    if (card.ended) card.finishText();
+    else for (const text of card.views) text.render();
+  }
+
+  /** Scroll the turn of `place` back to where it was in view; false when it is not shown. */
+  function backTo(place) {
+    const el = [...list.querySelectorAll("article.turn")].find((a) => a.dataset.turnId === place.turnId);
+    if (!el) return false;
+    section.scrollTop += el.getBoundingClientRect().top - section.getBoundingClientRect().top - place.offset;
+    lastTop = section.scrollTop; // the page's own move (see `pin`)
+    return true;
   }
 
   // ---- a long session: its latest turns first, earlier ones as the person scrolls up
   const earlier = h("div", { class: "earlier" });
   let earlierOf = null; // the session whose earlier turns the button loads
   let loadingEarlier = false;
+  /** sessionId -> whether turns before the first one loaded remain to be loaded. */
+  const earlierLeft = new Map();
 
   function offerEarlier(sessionId, more) {
     earlierOf = more ? sessionId : null;
+    if (sessionId) earlierLeft.set(sessionId, more);
     earlier.replaceChildren(
       h("button", { type: "button", class: "link-button", onclick: () => loadEarlier() }, "Show earlier turns"),
     );
@@ -167,6 +205,7 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     const sessionId = earlierOf;
     const first = list.querySelector(".turn");
     if (!sessionId || loadingEarlier || !first) return;
+    const asked = build;
     loadingEarlier = true;
     earlier.replaceChildren(h("span", { class: "hint" }, "Loading earlier turns…"));
     let res;
@@ -174,9 +213,11 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
       [res] = await request(OPEN_SESSION, { sessionId, before: first.dataset.turnId });
     } catch (err) {
       res = { ok: false, error: err.message };
-    } finally {
-      loadingEarlier = false;
     }
+    // The list was built again meanwhile (the session left and opened again, a reconnect):
+    // `first` is not in it, and the new build asks for its own earlier turns.
+    if (asked !== build) return;
+    loadingEarlier = false;
     if (sessionId !== state.currentSessionId || earlierOf !== sessionId) return;
     if (!res?.ok) {
       toast(res?.error || "Could not load earlier turns.", { error: true });
@@ -211,56 +252,78 @@ export function createConversation(state, { cardContext: shared, onStatus, onCha
     showCards(sessionId ? [...state.cards.values()].filter((c) => c.sessionId === sessionId) : []);
   }
 
+  /**
+   * The cards shown above the turns of a fresh snapshot (`sorted`, oldest first): earlier turns
+   * the person loaded, kept over a reconnect or a resync. None unless they reach down to the
+   * snapshot's first turn (no gap between) and have all ended (nothing in them may change).
+   */
+  function shownAbove(sorted, shown) {
+    const above = [];
+    for (const el of list.querySelectorAll("article.turn")) {
+      if (el.dataset.turnId === sorted[0]?.turnId) {
+        return above.every((card) => card?.ended) ? above : [];
+      }
+      above.push(shown.get(el.dataset.turnId));
+    }
+    return [];
+  }
+
   /** Replace the session's turns with the relay's snapshot of them (`more`: older ones exist). */
   function showSnapshot(sessionId, turns, more = false) {
+    // A reconnect, a resync: a person who scrolled up stays where they were.
+    const place = following ? null : placeInView();
     const shown = new Map();
     for (const [id, card] of state.cards) {
       if (card.sessionId !== sessionId) continue;
       shown.set(id, card);
       state.cards.delete(id);
     }
-    const cards = turns
+    const sorted = turns
       .filter((t) => t && t.turnId)
       .slice()
-      .sort((a, b) => (a.createdAt ?? 0) - (b.createdAt ?? 0))
-      .map((view) => {
-        // A relay that has just restarted may hold less of a running turn's text than this
-        // page shows (its drone sends the rest within a moment): never show less.
-        const before = shown.get(view.turnId);
-        const text = typeof view.text === "string" ? view.text : "";
-        if (view.status === "processing" && before?.answer.length > text.length && before.answer.startsWith(text)) {
-          view = { ...view, text: before.answer };
-        }
-        const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
-        const done = state.completions.get(card.turnId);
-        if (done) card.end(done);
-        // What its sub-agents streamed: the snapshot's (the relay keeps it while the turn
-        // runs), or the card shown until now, or what was carried over a reload, whichever
-        // holds more (a relay restarted mid-turn, or past its bound, holds less).
-        const mine = before ? subAgentOutput(before) : carried.get(card.turnId);
-        const theirs = Array.isArray(view.subAgents) ? view.subAgents : [];
-        const snapshot = theirs.length > 0 && outputSize(theirs) >= outputSize(mine);
-        carried.delete(card.turnId);
-        // An ended turn's snapshot holds none: it keeps what this page (or the one before a
-        // reload) showed of it.
-        const restore = card.processing ? snapshot || mine : mine;
-        if (restore) restoreSubAgentOutput(card, snapshot ? theirs : mine);
-        if (snapshot) card.subAgentSeq = Number(view.subAgentSeq) || 0;
-        state.cards.set(card.turnId, card);
-        // What came while the snapshot was on its way (the room was joined first) follows it;
-        // what the snapshot holds already is not shown twice (text by its place, calls by id).
-        // Those the card shown until now had are in `mine` already, unless the snapshot's
-        // output was taken instead.
-        const early = state.orphans.get(card.turnId);
-        state.orphans.delete(card.turnId);
-        for (const ev of early ?? []) {
-          if (ev.depth > 0 && !snapshot && shownBefore.has(ev)) continue;
-          applyProgress(card, ev, { quiet: true });
-        }
-        return card;
-      });
-    showCards(cards);
-    offerEarlier(sessionId, more);
+      .sort((a, b) => (a.createdAt ?? 0) - (b.createdAt ?? 0));
+    const above = more ? shownAbove(sorted, shown) : [];
+    for (const card of above) state.cards.set(card.turnId, card);
+    const cards = sorted.map((view) => {
+      // A relay that has just restarted may hold less of a running turn's text than this
+      // page shows (its drone sends the rest within a moment): never show less.
+      const before = shown.get(view.turnId);
+      const text = typeof view.text === "string" ? view.text : "";
+      if (view.status === "processing" && before?.answer.length > text.length && before.answer.startsWith(text)) {
+        view = { ...view, text: before.answer };
+      }
+      const card = TurnCard.fromView({ ...view, sessionId: view.sessionId ?? sessionId }, cardContext);
+      const done = state.completions.get(card.turnId);
+      if (done) card.end(done);
+      // What its sub-agents streamed: the snapshot's (the relay keeps it while the turn
+      // runs), or the card shown until now, or what was carried over a reload, whichever
+      // holds more (a relay restarted mid-turn, or past its bound, holds less).
+      const mine = before ? subAgentOutput(before) : carried.get(card.turnId);
+      const theirs = Array.isArray(view.subAgents) ? view.subAgents : [];
+      const snapshot = theirs.length > 0 && outputSize(theirs) >= outputSize(mine);
+      carried.delete(card.turnId);
+      // An ended turn's snapshot holds none: it keeps what this page (or the one before a
+      // reload) showed of it.
+      const restore = card.processing ? snapshot || mine : mine;
+      if (restore) restoreSubAgentOutput(card, snapshot ? theirs : mine);
+      if (snapshot) card.subAgentSeq = Number(view.subAgentSeq) || 0;
+      state.cards.set(card.turnId, card);
+      // What came while the snapshot was on its way (the room was joined first) follows it;
+      // what the snapshot holds already is not shown twice (text by its place, calls by id).
+      // Those the card shown until now had are in `mine` already, unless the snapshot's
+      // output was taken instead.
+      const early = state.orphans.get(card.turnId);
+      state.orphans.delete(card.turnId);
+      for (const ev of early ?? []) {
+        if (ev.depth > 0 && !snapshot && shownBefore.has(ev)) continue;
+        applyProgress(card, ev, { quiet: true });
+      }
+      return card;
+    });
+    // Drawn now, not in the next frame: the place is found again by their heights.
+    if (place) for (const card of cards) drawNow(card);
+    const earlierToo = above.length > 0 ? earlierLeft.get(sessionId) !== false : more;
+    showCards([...above, ...cards], { sessionId, more: earlierToo, place });
     for (const card of cards) onStatus(card);
   }
 

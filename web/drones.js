@@ -16,8 +16,14 @@ function modelLabel(drone) {
 export function createDronePicker(state, { onChange }) {
   const select = byId("drone");
   const summary = byId("drone-summary");
-  /** droneId -> label of every drone listed since the page loaded, gone ones included. */
+  /** droneId -> every drone listed since the page loaded, as last listed, gone ones included. */
   const seen = new Map();
+  /** The drone the person picked ("" for any): kept while it is offline (a turn for it waits
+   * for it), until they pick again. */
+  let chosen = "";
+  select.addEventListener("change", () => {
+    chosen = select.value;
+  });
   /** Whether the list is the relay's word now: not before the page first hears it, nor from a
    * disconnect until the relay sends it again (a list from before an outage may be stale). */
   let live = false;
@@ -28,7 +34,8 @@ export function createDronePicker(state, { onChange }) {
 
   /** "name (model)" of a drone listed now or before, "" for one never seen. */
   function label(droneId) {
-    return seen.get(droneId) ?? "";
+    const d = seen.get(droneId);
+    return d ? `${d.name} (${modelLabel(d)})` : "";
   }
 
   /** `{label, online}` of a drone a turn waits for (its id when never seen). */
@@ -41,14 +48,13 @@ export function createDronePicker(state, { onChange }) {
       .filter((d) => d && d.droneId)
       .slice()
       .sort((a, b) => String(a.name).localeCompare(String(b.name)) || String(a.droneId).localeCompare(String(b.droneId)));
-    for (const d of state.drones) seen.set(d.droneId, `${d.name} (${modelLabel(d)})`);
+    for (const d of state.drones) seen.set(d.droneId, d);
     live = socket.connected;
     render();
     onChange();
   }
 
   function render() {
-    const previous = select.value;
     const options = [h("option", { value: "" }, "Any drone")];
     for (const d of state.drones) {
       const busy = Boolean(d.busy);
@@ -59,11 +65,31 @@ export function createDronePicker(state, { onChange }) {
           "option",
           {
             value: d.droneId,
-            dataset: { droneId: d.droneId, busy: busy ? "true" : "false", demo: isDemo(d) ? "true" : "false" },
+            dataset: {
+              droneId: d.droneId,
+              busy: busy ? "true" : "false",
+              demo: isDemo(d) ? "true" : "false",
+              offline: "false",
+            },
             title: `${d.name} · ${d.provider ?? ""} ${d.model ?? ""}`.trim(),
           },
           // Busy or idle only while the relay says so (not from before an outage).
           live ? `${d.name} · ${modelLabel(d)} · ${busy ? "busy" : "idle"}${load}` : `${d.name} · ${modelLabel(d)}`,
+        ),
+      );
+    }
+    if (chosen && !state.drones.some((d) => d.droneId === chosen)) {
+      const d = seen.get(chosen);
+      options.push(
+        h(
+          "option",
+          {
+            value: chosen,
+            dataset: { droneId: chosen, busy: "false", demo: d && isDemo(d) ? "true" : "false", offline: "true" },
+            title: d ? `${d.name} · ${d.provider ?? ""} ${d.model ?? ""} · offline`.trim() : `${chosen} · offline`,
+          },
+          // Gone since the person picked it: a turn for it waits for it to come back.
+          d ? `${d.name} · ${modelLabel(d)} · offline` : `${chosen} · offline`,
         ),
       );
     }
@@ -80,7 +106,7 @@ export function createDronePicker(state, { onChange }) {
       });
     } else {
       select.replaceChildren(...options);
-      select.value = state.drones.some((d) => d.droneId === previous) ? previous : "";
+      select.value = chosen;
     }
 
     const total = state.drones.length;

@@ -76,37 +76,63 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     return request(LIST_SESSIONS, payload);
   }
 
-  /** Start the list again from its first page (after a (re)connect, a new search or scope). */
-  async function reload() {
+  /** Start the list again from its first page (a new search or scope), and load pages until
+   * at least `wanted` sessions are listed (a reconnect lists again as many as were loaded). */
+  async function reload(wanted = 0) {
     const seq = ++listSeq;
     loading = true;
     renderMore();
+    const found = new Map();
+    let cursor = null;
     let res;
-    try {
-      [res] = await listRequest(null);
-    } catch {
-      res = null; // the next (re)connect loads it again
-    }
-    if (seq !== listSeq) return;
+    do {
+      try {
+        [res] = await listRequest(cursor);
+      } catch {
+        res = null; // the next (re)connect loads it again
+      }
+      if (seq !== listSeq) return;
+      if (!res?.ok || !Array.isArray(res.sessions)) break;
+      for (const view of res.sessions) if (view?.sessionId) found.set(view.sessionId, view);
+      cursor = typeof res.next === "string" ? res.next : null;
+    } while (cursor && found.size < wanted);
     loading = false;
+    let near = null;
     if (res?.ok && Array.isArray(res.sessions)) {
       const current = state.sessions.find((s) => s.sessionId === state.currentSessionId);
       remember(current);
-      state.sessions = res.sessions.filter((s) => s?.sessionId);
+      const kept = [];
+      const last = [...found.values()].at(-1);
+      for (const s of wanted ? state.sessions : []) {
+        if (found.has(s.sessionId)) continue;
+        // Listed again as far down as before: one further down than these pages (newer ones
+        // came above it) is kept, one that should be in them was deleted while this page was
+        // away, and the keyboard moves on from it.
+        if (cursor && last && byActivity(s, last) > 0) kept.push(s);
+        else near = edits.gone(s.sessionId, items.get(s.sessionId)) ?? near;
+      }
+      state.sessions = [...found.values(), ...kept];
       // The open session stays listed (for the heading and the prompt) even when it is further
-      // down than this page, unless a search leaves it out or it is not in this scope.
+      // down than these pages, unless a search leaves it out or it is not in this scope.
       const keep = current && !query && (state.everyone || !current.ownerName);
       if (keep && !state.sessions.some((s) => s.sessionId === current.sessionId)) {
         state.sessions.push(current);
       }
-      next = typeof res.next === "string" ? res.next : null;
+      next = cursor;
       loaded = true;
     } else if (res && !res.ok) {
       toast(res.error || "Could not list the sessions.", { error: true });
     }
     render();
     renderHeader();
+    if (near) edits.moveOn(near);
     loadMoreIfShort();
+  }
+
+  /** After a reconnect: the list from the relay again, as far down as it was loaded, so the
+   * person keeps their place in it and the item they were on. */
+  function reloadAsLoaded() {
+    return reload(loaded ? state.sessions.length : 0);
   }
 
   /** Bring the first page up to date without forgetting the pages loaded after it. */
@@ -605,7 +631,7 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     renderHeader,
     open,
     load,
-    reload,
+    reloadAsLoaded,
     adopt,
   };
 }

@@ -17,6 +17,7 @@ from playwright.async_api import Locator, Page, expect
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.shared.protocol import TOOL_CANCELLED
+from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import (
     ABORTED_STATUS,
     SLOW,
@@ -457,3 +458,28 @@ async def test_a_finished_turn_shows_its_tokens_and_an_abort_says_who(
     await expect(turn.locator(".turn-usage")).to_have_text(words)
     await expect(aborted.locator(".turn-status")).to_have_text("Aborted by root.")
     await expect(aborted.locator(".turn-usage")).to_have_text(re.compile(r"^about \d"))
+
+
+async def test_a_drone_picked_by_name_stays_picked_while_it_is_offline(
+    page: Page, relay: RelayHandle
+) -> None:
+    picker = page.locator("#drone")
+    async with HandDrone(relay.url, drone_id="hand-9"):
+        await open_hangar(page, relay)
+        await expect(page.locator("#drone-summary")).to_have_text("1 online · 0 busy · 1 idle")
+        await page.select_option("#drone", "hand-9")
+
+    # Gone for a moment: the person's choice stays, shown offline.
+    await expect(page.locator("#drone-summary")).to_have_text("No drones online.")
+    await expect(picker).to_have_value("hand-9")
+    await expect(picker.locator("option:checked")).to_have_text("hand · m · offline")
+    turn = await submit(page, "Only for hand-9")
+    await expect(turn.locator(".turn-status")).to_have_text(
+        "Queued: next in line · for hand (m) (offline)"
+    )
+    assert (await stored(relay, await turn_id_of(turn))).wanted_drone == "hand-9"
+
+    async with HandDrone(relay.url, drone_id="hand-9") as back:
+        assert await back.next_order() == await turn_id_of(turn)
+        await expect(picker.locator("option:checked")).to_have_text("hand · m · busy")
+        await expect(picker).to_have_value("hand-9")

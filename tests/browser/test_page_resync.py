@@ -1,5 +1,6 @@
 """A page that falls behind, in real Chromium: the relay drops what it has not sent it, tells it
-to resync, and the page opens its session again and shows the whole answer."""
+to resync, and the page opens its session again and shows the whole answer. A connection blip
+does the same, and leaves the person reading where they were."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from playwright.async_api import Page, WebSocketRoute, expect
 
 from hangar.shared.protocol import TextDelta
 from tests.browser.hand_drone import HandDrone
-from tests.browser.test_page import WAIT_MS, open_hangar, output_text, submit, turn_id_of
+from tests.browser.test_page import (
+    WAIT_MS,
+    has_class,
+    open_hangar,
+    output_text,
+    submit,
+    turn_id_of,
+)
 from tests.conftest import RelayHandle, eventually
 
 pytestmark = pytest.mark.browser
@@ -19,6 +27,47 @@ pytestmark = pytest.mark.browser
 RESYNC = '"resync"'
 BURST = 1200
 """Text events sent to the page at once: more than the relay queues for one browser (1,000)."""
+
+OFFSET_IN_VIEW = """(id) => Math.round(
+    document.querySelector(`#turns article.turn[data-turn-id="${id}"]`).getBoundingClientRect().top
+    - document.getElementById("conversation").getBoundingClientRect().top
+)"""
+"""How far below the conversation's top a turn's card starts (negative: above it)."""
+
+BELOW_VIEW = "(el) => el.scrollHeight - el.scrollTop - el.clientHeight"
+"""How far the conversation goes on below what is in view (px)."""
+
+SCROLL_ENDED = """(el) => new Promise((done) => {
+    let last = el.scrollTop;
+    let still = 0;
+    const frame = () => {
+        still = el.scrollTop === last ? still + 1 : 0;
+        last = el.scrollTop;
+        if (still >= 10) done(); else requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+})"""
+"""Resolves once a smooth scroll of ``el`` is over (ten frames without a move)."""
+
+
+async def blip(page: Page, turn_id: str) -> None:
+    """The page's connection drops and comes back by itself (socket.io reconnects); returns once
+    the page has shown the relay's fresh snapshot of the open session (``turn_id``'s card is
+    built again)."""
+    await page.evaluate(
+        "(id) => { window.__before = document.querySelector(`article[data-turn-id='${id}']`); }",
+        turn_id,
+    )
+    await page.evaluate("() => window.hangar.socket.io.engine.close()")
+    await page.wait_for_function(
+        """(id) => {
+            const card = document.querySelector(`article[data-turn-id='${id}']`);
+            return card !== null && card !== window.__before;
+        }""",
+        arg=turn_id,
+        timeout=WAIT_MS,
+    )
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
 
 
 async def test_a_page_that_fell_behind_shows_the_whole_answer_from_a_fresh_snapshot(
@@ -96,3 +145,42 @@ async def test_a_page_that_missed_text_shows_the_whole_answer_once_the_turn_ends
         await expect(turn.locator(".turn-output")).to_have_text(
             "Before. lost-piece after.", timeout=WAIT_MS
         )
+
+
+async def test_a_connection_blip_leaves_a_follower_following_and_a_reader_where_they_were(
+    page: Page, relay: RelayHandle
+) -> None:
+    conversation = page.locator("#conversation")
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Answer at length")
+        turn_id = await drone.next_order()
+        for line in range(80):
+            await drone.text(turn_id, f"line {line} of a long answer\n\n")
+        await expect(turn.locator(".turn-output")).to_contain_text("line 79", timeout=WAIT_MS)
+
+        # Following the answer: still following after the blip.
+        await blip(page, turn_id)
+        await drone.text(turn_id, "after the first blip\n\n")
+        await expect(turn.locator(".turn-output")).to_contain_text("after the first blip")
+        await page.wait_for_function(
+            f"() => ({BELOW_VIEW})(document.getElementById('conversation')) < 4", timeout=WAIT_MS
+        )
+
+        # Scrolled up to read: still there after the blip, offered the way down.
+        await conversation.hover()
+        await page.mouse.wheel(0, -1000)
+        await page.wait_for_function(
+            f"() => ({BELOW_VIEW})(document.getElementById('conversation')) >= 1000",
+            timeout=WAIT_MS,
+        )
+        await conversation.evaluate(SCROLL_ENDED)
+        where = await page.evaluate(OFFSET_IN_VIEW, turn_id)
+        await blip(page, turn_id)
+        await drone.text(turn_id, "after the second blip\n\n")
+        await expect(turn.locator(".turn-output")).to_contain_text("after the second blip")
+        await expect(page.locator("#jump-latest")).to_be_visible()
+        assert abs(await page.evaluate(OFFSET_IN_VIEW, turn_id) - where) <= 1
+        assert await conversation.evaluate(BELOW_VIEW) >= 1000
+        await drone.complete(turn_id, True, "Done.")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)

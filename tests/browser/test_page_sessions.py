@@ -37,6 +37,12 @@ async def make_sessions(relay: RelayHandle, titles: list[str], person: str = PER
     return ids
 
 
+PLACE_IN_LIST = """(el) => Math.round(
+    el.getBoundingClientRect().top - document.getElementById("sessions").getBoundingClientRect().top
+)"""
+"""Where a session's item is in the list's view (px from its top)."""
+
+
 def item(page: Page, session_id: str) -> Locator:
     return page.locator(f'#sessions [data-session-id="{session_id}"]')
 
@@ -318,6 +324,31 @@ async def test_more_sessions_load_as_the_list_scrolls(page: Page, relay: RelayHa
 
     assert await listed(page) == ids
     await expect(page.locator("#sessions .sessions-more")).to_be_hidden()  # the end
+
+
+async def test_a_connection_blip_keeps_the_sessions_loaded_the_place_and_the_focus(
+    page: Page, relay: RelayHandle
+) -> None:
+    ids = await open_with(page, relay, [f"Session number {n}" for n in range(120)])
+    sessions = page.locator("#sessions .session")
+    for count in (100, 120):
+        await page.locator("#sessions").evaluate(
+            "(list) => { list.scrollTop = list.scrollHeight; }"
+        )
+        await expect(sessions).to_have_count(count)
+    focused = item(page, ids[100])
+    await focused.focus()
+    where = await focused.evaluate(PLACE_IN_LIST)
+    # Deleted while this page hears nothing of it (as if during the blip).
+    await relay.relay.store.delete_session(ids[3])
+
+    await page.evaluate("() => window.hangar.socket.io.engine.close()")
+
+    await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+    await expect(item(page, ids[3])).to_have_count(0, timeout=WAIT_MS)
+    assert await listed(page) == ids[:3] + ids[4:]
+    await expect(focused).to_be_focused()
+    assert abs(await focused.evaluate(PLACE_IN_LIST) - where) <= 1  # a pixel's rounding
 
 
 async def test_another_browsers_changes_show_at_once(
