@@ -54,17 +54,15 @@ RESERVED = frozenset(
 MALFORMED = "Malformed packet."
 BINARY_REFUSED = "Binary attachments are not accepted: send JSON."
 RESERVED_NAME = "Reserved event name."
+NOT_IN = "Not connected to this namespace: connect to it first."
 # type, optional attachment count, optional namespace, optional ack id: what an error ack needs.
 _HEAD = re.compile(r"^(\d)(?:\d+-)?(/[^,]*,)?(\d{1,15})?")
-
-"""Sent to a browser that fell behind: what it had not read was dropped; open the session again."""
 BEHIND_EVENTS = 1000
 BEHIND_BYTES = 2_000_000
 """Events (or characters of them) queued for one browser past which it is told to resync."""
 STUCK_BYTES = 32_000_000
 """Characters queued for one connection past which it is dropped (answers it never reads)."""
-BROWSER_EVENT = f"{packet.EVENT}{IDE_NAMESPACE},"
-"""How a socket.io event to a browser starts, as engine.io queues it."""
+BROWSER_EVENT = f"{packet.EVENT}{IDE_NAMESPACE},"  # an event to a browser, as engine.io queues it
 behind_log = QuietLog(log)
 inline_failures = QuietLog(log)
 
@@ -144,8 +142,7 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
         return SendQueue(*args, **kwargs)
 
 
-CLOSE_PACKET = b"1"
-"""engine.io's packet for a client closing its connection."""
+CLOSE_PACKET = b"1"  # engine.io's packet for a client closing its connection
 
 
 class WholeBody:
@@ -166,13 +163,12 @@ class WholeBody:
             return error.partial
         try:  # engine.io decodes it again, but fails on some bodies with a traceback
             packets = eio_payload.Payload(encoded_payload=body.decode()).packets
-            known = all(0 <= p.packet_type < len(eio_packet.packet_names) for p in packets)
+            if all(0 <= p.packet_type < len(eio_packet.packet_names) for p in packets):
+                return body
         except (ValueError, IndexError):
-            known = False
-        if not known:  # the connection ends, as for a bad websocket frame
-            log.info("a long-polling body that is not engine.io's: the connection is closed")
-            return CLOSE_PACKET
-        return body
+            pass
+        log.info("a long-polling body that is not engine.io's: the connection is closed")
+        return CLOSE_PACKET  # as a bad websocket frame ends it
 
 
 InlineHandler = Callable[[str, list[Any]], "asyncio.Future[Any] | dict[str, Any] | None"]
@@ -279,7 +275,12 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
         if decoded is None or refusal is not None:
             await self._refuse(eio_sid, data, refusal or MALFORMED)
         elif decoded.packet_type == packet.EVENT:
-            if not self._handled_inline(eio_sid, decoded):
+            namespace = decoded.namespace or "/"
+            sid = self.manager.sid_from_eio_sid(eio_sid, namespace)
+            if sid is None or not self.manager.is_connected(sid, namespace):
+                if decoded.id is not None:  # python-socketio would drop it, unanswered
+                    self._ack_now(eio_sid, namespace, decoded.id, {"ok": False, "error": NOT_IN})
+            elif not self._handled_inline(eio_sid, decoded):
                 await self._handle_event(eio_sid, decoded.namespace, decoded.id, decoded.data)
         elif decoded.packet_type == packet.ACK:  # an answer of no arguments may come as none
             data = decoded.data if isinstance(decoded.data, list) else [decoded.data]

@@ -16,7 +16,13 @@ import aiohttp
 import pytest
 
 from bench.peers import OpenAIPeer, Reply
-from hangar.server.transport import BINARY_REFUSED, MALFORMED, MAX_MALFORMED, RESERVED_NAME
+from hangar.server.transport import (
+    BINARY_REFUSED,
+    MALFORMED,
+    MAX_MALFORMED,
+    NOT_IN,
+    RESERVED_NAME,
+)
 from tests.conftest import Browser, RelayHandle, Upstream, drone_hello, eventually
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -179,6 +185,22 @@ async def test_a_long_polling_post_that_is_not_engine_io_ends_its_connection_qui
         async with http.get(f"{url}&sid={sid}") as after:
             assert after.status == 400  # the connection is gone
     assert "Traceback" not in caplog.text and "handler error" not in caplog.text
+
+
+async def test_an_event_to_a_namespace_the_client_is_not_in_gets_an_error_ack(
+    raw: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """python-socketio drops an event for a namespace its client has not connected to (or has
+    left): the client waited out its own timeout for an answer that never came."""
+    caplog.set_level(logging.DEBUG)
+    drone: RawSocket = await raw(f"0/drone,{json.dumps(drone_hello('lost-1'))}")
+    for ack_id, namespace in ((11, "/ide"), (12, "/nope")):
+        await drone.send(f'2{namespace},{ack_id}["listSessions",{{}}]')
+        answer = await drone.ack(namespace, ack_id)
+        assert answer == [{"ok": False, "error": NOT_IN}], namespace
+    await drone.send('2/drone,14["workOrderComplete","t_unknown",true,"done"]')
+    assert (await drone.ack("/drone", 14))[0]["ok"] is False  # its own namespace still answers
+    assert "Traceback" not in caplog.text
 
 
 async def test_many_bad_packets_drop_the_connection_and_log_a_few_lines(
