@@ -280,7 +280,7 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
             if sid is None or not self.manager.is_connected(sid, namespace):
                 if decoded.id is not None:  # python-socketio would drop it, unanswered
                     self._ack_now(eio_sid, namespace, decoded.id, {"ok": False, "error": NOT_IN})
-            elif not self._handled_inline(eio_sid, decoded):
+            elif not self._handled_inline(eio_sid, sid, namespace, decoded):
                 await self._handle_event(eio_sid, decoded.namespace, decoded.id, decoded.data)
         elif decoded.packet_type == packet.ACK:  # an answer of no arguments may come as none
             data = decoded.data if isinstance(decoded.data, list) else [decoded.data]
@@ -290,13 +290,12 @@ class RelayServer(socketio.AsyncServer):  # type: ignore[misc]
         else:
             await self._handle_disconnect(eio_sid, decoded.namespace, self.reason.CLIENT_DISCONNECT)
 
-    def _handled_inline(self, eio_sid: str, decoded: packet.Packet) -> bool:
-        namespace = decoded.namespace or "/"
+    def _handled_inline(
+        self, eio_sid: str, sid: str, namespace: str, decoded: packet.Packet
+    ) -> bool:
+        """Whether the event of ``sid``, connected to ``namespace``, was taken here."""
         handler = self._inline.get(namespace)
         if handler is None:
-            return False
-        sid = self.manager.sid_from_eio_sid(eio_sid, namespace)
-        if sid is None or not self.manager.is_connected(sid, namespace):
             return False
         try:
             answer = handler(sid, decoded.data)
