@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,19 +76,13 @@ def choose(
     next turn that can start has it."""
     rng = rng or random.Random()
     used = {drone: running.get(drone, 0) for drone in capacity}
-    ranks: Counter[str] = Counter()
-    line = []
-    for row in queue:
+
+    def may_start(row: dict[str, Any]) -> bool:
         wanted = row["wanted_drone"]
-        if not row["ready"] or (
-            wanted is not None and used.get(wanted, 1) >= capacity.get(wanted, 0)
-        ):
-            continue
-        ranks[row["owner"]] += 1
-        line.append((ranks[row["owner"]], row["served_at"], row["created_at"], row["turn_id"], row))
-    line.sort(key=lambda entry: entry[:4])
+        return wanted is None or used.get(wanted, 1) < capacity.get(wanted, 0)
+
     chosen: list[tuple[str, str]] = []
-    for *_, row in line:
+    for row in _in_line([row for row in queue if row["ready"] and may_start(row)]):
         wanted = row["wanted_drone"]
         if wanted is not None:
             candidates = [wanted] if used[wanted] < capacity[wanted] else []
@@ -141,27 +135,30 @@ def places(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[
 def _in_turn(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[dict[str, Any]]:
     """The queue in the order its turns start, as ``choose`` takes them: a turn waiting for a
     drone that is away takes no place in its person's line (their next turn has it), and
-    comes after the rest."""
-    ranks: Counter[str] = Counter()
-    line, away = [], []
-    for row in queue:
+    comes after the rest, as do turns not ready."""
+
+    def away(row: dict[str, Any]) -> bool:
         wanted = row["wanted_drone"]
-        if row["ready"] and wanted is not None and online is not None and wanted not in online:
-            away.append(row)
-            continue
+        return wanted is not None and online is not None and wanted not in online
+
+    ready = [row for row in queue if row["ready"]]
+    return [
+        *_in_line(row for row in ready if not away(row)),
+        *(row for row in ready if away(row)),
+        *(row for row in queue if not row["ready"]),
+    ]
+
+
+def _in_line(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ready turns (``QUEUE_ORDER`` rows, in its order) in the order they start: each person's
+    first, then each one's second, …; within a rank, who was served longest ago first."""
+    ranks: Counter[str] = Counter()
+    line = []
+    for row in rows:
         ranks[row["owner"]] += 1
-        line.append(
-            (
-                not row["ready"],
-                ranks[row["owner"]],
-                row["served_at"],
-                row["created_at"],
-                row["turn_id"],
-                row,
-            )
-        )
-    line.sort(key=lambda entry: entry[:5])
-    return [entry[-1] for entry in line] + away
+        line.append((ranks[row["owner"]], row["served_at"], row["created_at"], row["turn_id"], row))
+    line.sort(key=lambda entry: entry[:4])
+    return [entry[-1] for entry in line]
 
 
 async def queue_order(db: Database) -> list[dict[str, Any]]:
