@@ -52,6 +52,10 @@ refusals = QuietLog(log)
 TURN_ENDED_ALREADY = "The turn has already ended."
 NO_LONGER_RUN = Ending("error", "The drone restarted and no longer runs this turn.", "drone_lost")
 PERSON_REMOVED = Ending("aborted", ABORTED, "removed")
+MOST_WAITING = 4
+"""Calls of a turn kept waiting for approval at once: a drone runs a step's calls one at a time,
+so it has one; more would grow every snapshot of the session past what a client reads."""
+TOO_MANY_WAITING = f"A turn has at most {MOST_WAITING} tool calls waiting for approval."
 
 
 def shown_message(payload: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +198,10 @@ class DroneReports:
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None
+            new = waiting is not None and event.call_id not in live.waiting
+            if new and len(live.waiting) >= MOST_WAITING:
+                refusals.warning("too many calls waiting turn=%s", event.turn_id)
+                return {"ok": False, "error": TOO_MANY_WAITING}
             if waiting is None:
                 live.waiting.pop(event.call_id, None)
             else:

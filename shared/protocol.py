@@ -355,8 +355,8 @@ class DroneHello(DroneRecord):
     instance: str = Field(min_length=16, max_length=128)
     """A secret of the drone's process: a connection claiming a connected drone's id must
     present the same one (a reconnect), or it is refused."""
-    running: list[Id] = Field(default_factory=list)
-    """Turns the drone is still running (non-empty after a reconnect)."""
+    running: list[Id] = Field(default_factory=list, max_length=4096)
+    """Turns the drone still runs (after a reconnect): its concurrency's, and those unwinding."""
 
     def record(self) -> DroneRecord:
         return DroneRecord.model_validate(self.model_dump(include=set(DroneRecord.model_fields)))

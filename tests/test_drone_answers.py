@@ -15,6 +15,8 @@ from hangar.drone.connection import ONE_ARGUMENT
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.dispatch import REFUSAL_CHARS
+from hangar.server.reports import MOST_WAITING, TOO_MANY_WAITING
+from hangar.server.snapshots import json_size
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import (
     DRONE_NAMESPACE,
@@ -24,7 +26,8 @@ from hangar.shared.protocol import (
 )
 from tests.bare_relay import BareRelay
 from tests.browser.hand_drone import ANSWER_TIMEOUT, HandDrone
-from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, eventually
+from tests.conftest import DRONE_TOKEN, Browser, RelayHandle, drone_hello, eventually
+from tests.test_access import refusal_of
 
 HUGE = "x" * 2_000_000
 
@@ -197,3 +200,68 @@ async def test_a_completion_whose_reason_contradicts_it_is_kept_as_it_reads(
     assert turn is not None and (turn.status, turn.reason) == kept
     ended = await browser.ending(turn_id)
     assert (ended["status"], ended["reason"]) == kept
+
+
+async def test_a_drone_keeps_a_few_calls_waiting_for_approval_not_a_flood(
+    relay: RelayHandle, browser: Browser, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drone runs a step's calls one at a time, so a turn has one call waiting for approval
+    (docs/protocol.md, ``tool``). One that reported 40 calls of 100,000 characters waiting had
+    them all kept: every snapshot of the session carried 4 MB of them, past the 4 MiB a default
+    python-socketio client reads. Past ``MOST_WAITING`` a waiting call is refused in words."""
+    caplog.set_level(logging.INFO)
+    arguments = '{"command": "' + "y" * 99_000 + '"}'
+    async with HandDrone(relay.url) as drone:
+        ack = await browser.submit("Wait for many")
+        turn_id = ack["turnId"]
+        assert await drone.next_order() == turn_id
+        answers = []
+        for number in range(40):
+            payload = {
+                "kind": "tool",
+                "turnId": turn_id,
+                "callId": f"call_{number}",
+                "name": "run_command",
+                "state": "waiting",
+                "arguments": arguments,
+                "depth": 0,
+            }
+            answers.append(
+                await drone.client.call(
+                    "workOrderProgress", payload, namespace=DRONE_NAMESPACE, timeout=ANSWER_TIMEOUT
+                )
+            )
+        refused = [a for a in answers if a != {"ok": True}]
+        assert answers[:MOST_WAITING] == [{"ok": True}] * MOST_WAITING
+        assert refused and all(a == {"ok": False, "error": TOO_MANY_WAITING} for a in refused)
+
+        snapshot = await browser.call("openSession", {"sessionId": ack["sessionId"]})
+        assert json_size(snapshot) < 1_000_000
+        [turn] = snapshot["turns"]
+        assert [c["callId"] for c in turn["waiting"]] == [f"call_{n}" for n in range(MOST_WAITING)]
+        # An answered call makes room for the next.
+        await drone.tool(turn_id, "call_0", "declined", name="run_command", result="No.")
+        await drone.tool(turn_id, "call_40", "waiting", name="run_command", arguments="{}")
+        await drone.complete(turn_id, True, "Done", {"reason": "finished"})
+        assert await browser.completion(turn_id) == (turn_id, True, "Done")
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_drone_naming_more_turns_than_it_could_run_is_refused_in_words(
+    relay: RelayHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drone runs at most 1,024 turns at once (its concurrency's bound), and a few unwinding
+    an abort. One that named 100,000 as running when it connected was taken at its word: the
+    relay told it to abort each, one call after another, some 4,000 a second."""
+    running = [f"t_{n:06d}" for n in range(100_000)]
+    refused = await refusal_of(
+        relay.url,
+        DRONE_NAMESPACE,
+        auth={**drone_hello("many-1"), "running": running},
+        transports=["websocket"],
+    )
+    assert refused == {
+        "message": "Invalid payload (running: List should have at most 4096 items after "
+        "validation, not 100000)."
+    }
+    assert "Traceback" not in caplog.text
