@@ -203,10 +203,12 @@ class DroneReports:
                 refusals.warning("too many calls waiting turn=%s", event.turn_id)
                 return {"ok": False, "error": TOO_MANY_WAITING}
             if waiting is None:
-                live.waiting.pop(event.call_id, None)
+                new = live.waiting.pop(event.call_id, None) is not None
             else:
                 live.waiting[event.call_id] = waiting
             await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
+            if new:  # the session's line says how many calls wait for its person
+                self.rooms.moved(live.session_id)
         kept = None if isinstance(event, MessageAdded) else sub_agents.kept_event(payload)
         if kept is not None and (number := await self._keep(event.turn_id, kept)):
             payload["subSeq"] = number

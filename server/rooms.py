@@ -106,9 +106,13 @@ class Rooms:
         session's line in its owner's list (``SESSION_MOVES``)."""
         await self.sio.emit(event, data, room=session_room(session_id), namespace=IDE_NAMESPACE)
         if event in SESSION_MOVES:
-            self._moved.add(session_id)
-            if self._sending is None or self._sending.done():
-                self._sending = asyncio.ensure_future(self._send_moved())
+            self.moved(session_id)
+
+    def moved(self, session_id: str) -> None:
+        """Send the session's line in its owner's list again in a moment (``_send_moved``)."""
+        self._moved.add(session_id)
+        if self._sending is None or self._sending.done():
+            self._sending = asyncio.ensure_future(self._send_moved())
 
     async def _send_moved(self) -> None:
         """One ``sessionChanged`` per session that moved in the last moment: a turn that starts
@@ -175,11 +179,18 @@ class Rooms:
         processing = {turn.session_id: turn.turn_id for turn in running}
         names = await self.accounts.names(owners - {viewer_id})
         waiting = await queue.queued_per_session(self.store, only)
+        shown = {s.session_id for s in sessions}
+        approvals = {
+            turn.session_id: len(await self.live.waiting(turn.turn_id))
+            for turn in running
+            if turn.session_id in shown
+        }
         return [
             s.view(
                 processing.get(s.session_id),
                 owner_name(names, s.owner, viewer_id),
                 waiting.get(s.session_id, 0),
+                approvals.get(s.session_id, 0),
             ).wire()
             for s in sessions
         ]

@@ -41,6 +41,7 @@ class SessionRecord:
         processing_turn_id: str | None = None,
         owner_name: str | None = None,
         queued_turns: int = 0,
+        approvals: int = 0,
     ) -> SessionView:
         return SessionView(
             session_id=self.session_id,
@@ -49,6 +50,7 @@ class SessionRecord:
             last_activity=self.last_activity,
             processing_turn_id=processing_turn_id,
             queued_turns=queued_turns,
+            approvals=approvals,
             owner_name=owner_name,
         )
 

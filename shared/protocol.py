@@ -208,8 +208,8 @@ class SessionView(Wire):
     last_activity: float
     """When its latest turn was created or ended, or it was renamed: the list's order."""
     processing_turn_id: str | None = None
-    queued_turns: int = 0
-    """How many of its turns wait in line."""
+    approvals: int = 0  # its running turn's tool calls waiting for the person's approval
+    queued_turns: int = 0  # how many of its turns wait in line
     owner_name: str | None = None
     """Whose session it is, when it is not the viewer's own (an admin's view)."""
 

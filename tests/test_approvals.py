@@ -487,3 +487,40 @@ async def test_always_for_this_session_outlives_a_restart_of_the_relay(
         root.abort(AbortError("The test ends.", cause="operator"))
         await asyncio.wait_for(running, 10)
     assert (tmp_path / "log.txt").read_text().split() == ["one", "two"]
+
+
+async def test_the_sessions_list_says_which_session_waits_for_an_approval(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browsers: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """A call waiting for its person in a session not on screen showed nowhere: the person
+    working in another session saw the list say "working" while the turn stood still for the
+    10 minutes the drone waits, then was declined. The session's line counts its calls waiting
+    (``approvals``, docs/protocol.md ``sessionChanged``), in the list's pages too."""
+    openai_peer.script(shell("touch later"), Reply(chunks=["Ran ", "it."], delay=0.5))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    owner: Browser = await browsers("ada")
+    elsewhere: Browser = await browsers("ada")  # another tab, in no session
+    ack = await owner.submit("Ask before you run")
+    session_id = ack["sessionId"]
+
+    def lines() -> list[int]:
+        return [
+            data["session"]["approvals"]
+            for event, data in elsewhere.events
+            if event == "sessionChanged" and data["session"]["sessionId"] == session_id
+        ]
+
+    call = await waiting_call(owner, ack["turnId"])
+    await eventually(lambda: 1 in lines(), what="the session's line counting the call")
+    page = await elsewhere.call("listSessions", {})
+    [line] = [s for s in page["sessions"] if s["sessionId"] == session_id]
+    assert (line["processingTurnId"], line["approvals"]) == (ack["turnId"], 1)
+
+    assert await answer(owner, ack["turnId"], call["callId"], approve=True) == {"ok": True}
+    await eventually(lambda: lines()[-1] == 0, what="the line without the answered call")
+    assert not owner.completions(ack["turnId"])  # said while the turn still ran
+    assert (await owner.completion(ack["turnId"]))[2] == "Ran it."

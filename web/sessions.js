@@ -364,8 +364,14 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     renderMore();
     // On a phone the list is in a drawer: its button tells that a turn runs somewhere.
     const working = state.sessions.some((s) => s.processingTurnId);
+    const asking = state.sessions.some((s) => s.processingTurnId && s.approvals > 0 && !s.ownerName);
     toggle.dataset.working = String(working);
-    toggle.title = working ? "A turn is running in one of your sessions" : "";
+    toggle.dataset.approval = String(asking);
+    toggle.title = asking
+      ? "A tool call waits for your approval in one of your sessions"
+      : working
+        ? "A turn is running in one of your sessions"
+        : "";
     emptyHint.hidden = wanted.length > 0 || loading || !loaded;
     emptyHint.textContent = query
       ? `No sessions match “${query}”.`
@@ -405,11 +411,19 @@ export function createSessionList(state, { conversation, focusPrompt }) {
     return h("li", { class: "session-item" }, open, actions);
   }
 
+  function approvalTip(s) {
+    const whose = s.ownerName ? "its owner's" : "your";
+    return s.approvals > 1
+      ? `${s.approvals} tool calls wait for ${whose} approval`
+      : `A tool call waits for ${whose} approval`;
+  }
+
   function fill(li, s, waiting) {
     const [open, actions] = [li.querySelector(".session"), li.querySelector(".session-actions")];
     const [rename, remove] = actions.children;
     const current = s.sessionId === state.currentSessionId;
     const working = Boolean(s.processingTurnId);
+    const asking = working && s.approvals > 0;
     const queued = !working && (s.queuedTurns > 0 || waiting.has(s.sessionId));
     const title = s.title || "Untitled session";
     const when = s.lastActivity ?? s.createdAt;
@@ -427,7 +441,11 @@ export function createSessionList(state, { conversation, focusPrompt }) {
         "span",
         { class: "session-meta" },
         s.ownerName ? h("span", { class: "session-owner-tag" }, s.ownerName) : null,
-        working ? h("span", { class: "session-working", title: "A turn is running" }, "working") : null,
+        asking
+          ? h("span", { class: "session-approval", title: approvalTip(s) }, "needs approval")
+          : working
+            ? h("span", { class: "session-working", title: "A turn is running" }, "working")
+            : null,
         queued ? h("span", { class: "session-queued", title: "A turn waits in line" }, "queued") : null,
         h("span", { class: "session-time" }, formatTime(when)),
       ),

@@ -647,3 +647,48 @@ async def test_a_command_whose_tail_comes_after_many_blank_lines_shows_it(
         await expect(card.locator(".approval-note").first).to_have_text(
             "61 lines, 59 of them blank."
         )
+
+
+async def test_a_session_not_on_screen_says_it_waits_for_an_approval(
+    page: Page, relay: RelayHandle
+) -> None:
+    """Working in another session, the person saw the waiting one's line say "working" while
+    its turn stood still until the drone gave up asking. Its line now says "needs approval"
+    (the phone's list button too), and goes back to "working" once the call is answered."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        await submit(page, "Clean the build")
+        turn_id = await drone.next_order()
+        session_id = await page.evaluate("() => window.hangar.currentSessionId()")
+        line = page.locator(f'#sessions [data-session-id="{session_id}"]')
+        await page.click("#new-session")
+        await waiting(drone, turn_id, "c1", "run_shell", command="rm -rf build/")
+
+        tag = line.locator(".session-approval")
+        await expect(tag).to_have_text("needs approval", timeout=WAIT_MS)
+        await expect(tag).to_have_attribute("title", "A tool call waits for your approval")
+        await expect(line.locator(".session-working")).to_have_count(0)
+        failures: list[str] = []
+        for width, height, device in ((1280, 800, "desktop"), (390, 844, "phone")):
+            await page.set_viewport_size({"width": width, "height": height})
+            if device == "phone":
+                toggle = page.locator("#sessions-toggle")
+                await expect(toggle).to_have_attribute("data-approval", "true")
+                await still(page)
+                await page.screenshot(path=artifact("approval-in-list-phone-button.png"))
+                await toggle.click()
+            for scheme in ("light", "dark"):
+                await page.emulate_media(color_scheme=scheme)
+                failures += [
+                    f"{device}, {scheme}: {f['el']} {f['text']!r} {f['ratio']:.2f}:1 < {f['min']}:1"
+                    for f in await contrast_failures(page)
+                ]
+                await page.screenshot(path=artifact(f"approval-in-list-{device}-{scheme}.png"))
+        assert not failures, "contrast below WCAG AA:\n" + "\n".join(failures)
+
+        await tool_event(drone, turn_id, "c1", "run_shell", "start", arguments="{}")
+        await expect(line.locator(".session-working")).to_have_text("working", timeout=WAIT_MS)
+        await expect(tag).to_have_count(0)
+        await expect(page.locator("#sessions-toggle")).to_have_attribute("data-approval", "false")
+        await drone.complete(turn_id, True, "Cleaned.", {"reason": "finished"})
+        await expect(line.locator(".session-working")).to_have_count(0, timeout=WAIT_MS)
