@@ -2,7 +2,7 @@
 // for this session"), the answer sent to the relay, and where the keyboard goes meanwhile.
 
 import { hasHidden, revealed, revealedText } from "./hidden-chars.js";
-import { APPROVE_TOOL_CALL } from "./protocol.js";
+import { APPROVE_TOOL_CALL, NO_SUCH_CALL } from "./protocol.js";
 import { request, socket } from "./socket.js";
 import { announce, byId, h, toast } from "./ui.js";
 
@@ -225,6 +225,16 @@ export class ApprovalCard {
     }
   }
 
+  /** The call no longer waits (answered in another tab, say): the card says so until its news
+   * comes, and answers nothing more. */
+  setMovedOn() {
+    this.pending = true;
+    const hadFocus = this.focused;
+    const actions = this.el.querySelector(".approval-actions");
+    actions?.replaceWith(h("p", { class: "approval-note" }, "Already answered: this call no longer waits."));
+    if (hadFocus) this.el.focus({ preventScroll: true });
+  }
+
   /**
    * The keyboard on the card itself (where it puts it, not on a button): Enter approves, once
    * per press (a held Enter does not answer the next card too). Space scrolls the conversation
@@ -327,6 +337,7 @@ export function createApprovals({ list, focusPrompt }) {
     }
     card.setPending(null);
     if (res?.ok) done(approve);
+    else if (res?.error === NO_SUCH_CALL && card.el.isConnected) card.setMovedOn();
     else if (card.el.isConnected) toast(res?.error || "The answer was not taken.", { error: true, key: APPROVAL_TOAST });
   }
 

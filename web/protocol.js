@@ -44,6 +44,8 @@ export const TOOL_NOT_RUN = "; it did not run.";
 export const MAX_PROMPT_CHARS = 100_000;
 /** What an id (of a session, a turn) looks like. */
 export const ID_PATTERN = "^[A-Za-z0-9_.:-]{1,128}$";
+/** The answer to `approveToolCall` for a call not waiting (any more): answered in another tab, say. */
+export const NO_SUCH_CALL = "No such tool call is waiting for approval.";
 /** The relay's answer for a session that does not exist or is someone else's. */
 export const UNKNOWN_SESSION = "Unknown session.";
 

@@ -38,12 +38,13 @@ from tests.browser.test_page import (
 )
 from tests.browser.test_page_a11y import contrast_failures
 from tests.browser.test_page_render import still
-from tests.conftest import RelayHandle, Upstream, eventually
+from tests.conftest import Browser, RelayHandle, Upstream, eventually
 
 pytestmark = pytest.mark.browser
 
 WAITING_NEWS = "A tool call is waiting for your approval."
 WAITING_STATUS = "Waiting for your approval"
+NOT_NOW = "The drone cannot take an answer now."
 
 
 def shell(command: str) -> Reply:
@@ -473,7 +474,7 @@ async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
         answers.append(payload)
         if len(answers) == 1:
             await done.wait()
-        return {"ok": False, "error": NO_SUCH_CALL} if len(answers) == 2 else {"ok": True}
+        return {"ok": False, "error": NOT_NOW} if len(answers) == 2 else {"ok": True}
 
     async with HandDrone(relay.url) as drone:
         drone.client.on(APPROVE_TOOL_CALL, on_answer, namespace=DRONE_NAMESPACE)
@@ -499,7 +500,7 @@ async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
             assert len(answers) == 1
 
             await card.get_by_role("button", name="Deny").click()
-            await expect(errors).to_have_text([NO_SUCH_CALL])  # one toast, the latest news
+            await expect(errors).to_have_text([NOT_NOW])  # one toast, the latest news
             await expect(card).to_be_visible()
 
             await card.get_by_role("checkbox", name="Always for this session").check()
@@ -692,3 +693,41 @@ async def test_a_session_not_on_screen_says_it_waits_for_an_approval(
         await expect(page.locator("#sessions-toggle")).to_have_attribute("data-approval", "false")
         await drone.complete(turn_id, True, "Cleaned.", {"reason": "finished"})
         await expect(line.locator(".session-working")).to_have_count(0, timeout=WAIT_MS)
+
+
+async def test_an_answer_given_in_another_tab_first_leaves_the_card_saying_so(
+    page: Page, relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    """Two tabs of one person: the second's Approve, pressed before the first's answer showed
+    there, drew a red error ("No such tool call is waiting for approval.") for an answer that
+    was given. The card now says it was answered, and goes with the drone's news of it."""
+    answers: list[dict[str, Any]] = []
+
+    async def on_answer(payload: dict[str, Any]) -> dict[str, Any]:
+        answers.append(payload)  # as a drone: the first answer is taken, a second finds none
+        return {"ok": True} if len(answers) == 1 else {"ok": False, "error": NO_SUCH_CALL}
+
+    async with HandDrone(relay.url) as drone:
+        drone.client.on(APPROVE_TOOL_CALL, on_answer, namespace=DRONE_NAMESPACE)
+        await open_hangar(page, relay)
+        turn = await submit(page, "List the files")
+        turn_id = await drone.next_order()
+        await waiting(drone, turn_id, "c1", "run_shell", command="ls")
+        card = turn.locator(".approval")
+        await expect(card).to_be_focused()
+        other_tab: Browser = await browsers("tester")
+        payload = {"turnId": turn_id, "callId": "c1", "approve": True}
+        assert await other_tab.call(APPROVE_TOOL_CALL, payload) == {"ok": True}
+
+        await page.keyboard.press("Enter")
+        await expect(card.locator(".approval-note")).to_have_text(
+            "Already answered: this call no longer waits."
+        )
+        await expect(card.get_by_role("button")).to_have_count(0)
+        await page.screenshot(path=artifact("approval-answered-elsewhere.png"))
+        await expect(card).to_be_focused()
+        await expect(page.locator("#toasts .toast.error")).to_have_count(0)
+        await tool_event(drone, turn_id, "c1", "run_shell", "start")
+        await expect(card).to_have_count(0)
+        await expect(page.locator("#prompt")).to_be_focused()
+        assert [a["approve"] for a in answers] == [True, True]
