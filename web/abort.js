@@ -6,6 +6,8 @@ import { request, socket } from "./socket.js";
 import { byId, toast } from "./ui.js";
 
 const ESC_WINDOW_MS = 3000;
+const ESC_HINT = "Press Esc again to abort";
+const ESC_HINT_QUEUED = "Press Esc again to cancel the queued turn";
 
 /** The abort ack `(success, message)`; the relay's generic refusals come as `{ok, error}`. */
 function abortAnswer([success, message]) {
@@ -148,7 +150,9 @@ export function createAbortControls(state, { conversation, focusPrompt }) {
   function onEscKeydown(e) {
     if (e.key !== "Escape" || e.repeat || !abort.escTurnId) return;
     if (!abort.escArm) {
-      const warning = toast("Press Esc again to abort", { duration: ESC_WINDOW_MS, key: ABORT_TOAST });
+      // A turn waiting in line is cancelled, not aborted: the hint says which.
+      const hint = abort.escTurnId === abort.turnId ? ESC_HINT : ESC_HINT_QUEUED;
+      const warning = toast(hint, { duration: ESC_WINDOW_MS, key: ABORT_TOAST });
       abort.escArm = { toast: warning, timer: setTimeout(disarmEsc, ESC_WINDOW_MS) };
       return;
     }

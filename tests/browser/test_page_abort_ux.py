@@ -31,6 +31,8 @@ from tests.conftest import RelayHandle, Upstream
 
 pytestmark = pytest.mark.browser
 
+ESC_HINT_QUEUED = "Press Esc again to cancel the queued turn"
+
 CANCELLED_STATUS = "Cancelled before it started."
 
 # A tall answer: one paragraph per line, slow enough to act on while it streams (~6 s).
@@ -295,7 +297,7 @@ async def test_esc_esc_cancels_the_sessions_turn_waiting_in_line(
         toasts = page.locator("#toasts .toast:not(.leaving)")
 
         await page.keyboard.press("Escape")
-        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await expect(toasts).to_have_text([ESC_HINT_QUEUED])
         await page.keyboard.press("Escape")
 
         await expect(waiting).to_have_class(has_class("aborted"), timeout=WAIT_MS)
@@ -303,7 +305,7 @@ async def test_esc_esc_cancels_the_sessions_turn_waiting_in_line(
         await expect(page.locator("#toasts .toast")).to_have_count(0, timeout=WAIT_MS)
         seen: dict[str, Any] = await page.evaluate("() => window.__toasts")
         assert seen["most"] == 1, seen
-        assert seen["texts"] == ["Press Esc again to abort", "Cancelling…"], seen
+        assert seen["texts"] == [ESC_HINT_QUEUED, "Cancelling…"], seen
         await expect(page.locator("#prompt")).to_be_focused()
         assert drone.aborts == [], "the other session's running turn is left alone"
         assert (await stored(relay, first_turn)).status == "processing"
@@ -320,12 +322,12 @@ async def test_esc_then_esc_aborts_a_turn_that_started_between_the_two_presses(
         toasts = page.locator("#toasts .toast:not(.leaving)")
 
         await page.keyboard.press("Escape")
-        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await expect(toasts).to_have_text([ESC_HINT_QUEUED])
         await drone.complete(first_turn, True, "done")  # the drone is free: the turn starts
         waiting_id = await drone.next_order()
         assert waiting_id == await turn_id_of(waiting)
         await expect(waiting).to_have_class(has_class("processing"), timeout=WAIT_MS)
-        await expect(toasts).to_have_text(["Press Esc again to abort"])
+        await expect(toasts).to_have_text([ESC_HINT_QUEUED])
         await page.keyboard.press("Escape")
 
         await expect(toasts).to_have_text(["Aborting…"])
