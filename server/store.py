@@ -277,14 +277,13 @@ def list_sessions_sql(
     if after is not None:
         where.append("(last_activity, session_id) < (?, ?)")
         values += [after.last_activity, after.session_id]
-    if query:
-        mine = "" if owner is None else " AND turns.owner = ?"
+    if query:  # a session's turns are its owner's: found by the session's index alone
         where.append(
             f"({finds('title')} OR EXISTS (SELECT 1 FROM turns"
-            f" WHERE turns.session_id = sessions.session_id{mine} AND {finds('turns.prompt')}))"
+            f" WHERE turns.session_id = sessions.session_id AND {finds('turns.prompt')}))"
         )
         needle = query.lower()
-        values += [needle, needle] if owner is None else [needle, owner, needle]
+        values += [needle, needle]
     sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY last_activity DESC, session_id DESC"
     if limit is not None:

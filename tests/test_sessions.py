@@ -21,8 +21,9 @@ from hangar.server.cli import start_relay
 from hangar.server.postgres_store import PostgresTurnStore
 from hangar.server.rooms import EMPTY_TITLE, NOT_YOUR_TITLE, REMOVED_OWNER, SESSION_BUSY
 from hangar.server.schema import migrations
+from hangar.server.sqlite_file import finds
 from hangar.server.sqlite_store import SqliteTurnStore
-from hangar.server.store import Ending, SessionRecord, TurnRecord
+from hangar.server.store import Ending, SessionRecord, TurnRecord, list_sessions_sql
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     SESSION_CHANGED,
@@ -680,3 +681,54 @@ async def test_a_running_turn_is_in_the_first_page_whatever_the_turns_after_it_t
         ("t_next", "queued"),
     ]
     assert page["turns"][0]["text"] == "x" * 2_700_000 and page["more"] is False
+
+
+def _search_steps(path: Path, sessions: int) -> int:
+    """SQLite's VM steps (in thousands) for a member's search matching nothing, over
+    ``sessions`` sessions of 5 turns each."""
+    db = sqlite3.connect(path)
+    db.create_function("hangar_finds", 2, finds, deterministic=True)
+    db.execute("DELETE FROM turns")
+    db.execute("DELETE FROM sessions")
+    for i in range(sessions):
+        at = 1_795_950_000.0 + i
+        db.execute(
+            "INSERT INTO sessions (session_id, owner, title, created_at, last_activity)"
+            " VALUES (?, 'alice', ?, ?, ?)",
+            (f"s_{i:06d}", f"Session {i}", at, at),
+        )
+        db.executemany(
+            "INSERT INTO turns (turn_id, session_id, owner, prompt, status, created_at,"
+            " started_at, ended_at, drone_id) VALUES (?, ?, 'alice', ?, 'finished', ?, ?, ?, 'd')",
+            [
+                (f"t_{i:06d}_{j}", f"s_{i:06d}", f"prompt {i}.{j}", at + j, at + j, at + j)
+                for j in range(5)
+            ],
+        )
+    db.commit()
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    db.set_progress_handler(count, 1000)
+    sql, values = list_sessions_sql("alice", "no such text", None, 51, "hangar_finds({}, ?)".format)
+    assert db.execute(sql, values).fetchall() == []
+    db.close()
+    return steps
+
+
+async def test_a_members_search_looks_at_each_prompt_once(tmp_path: Path) -> None:
+    """A member's search tested each session's turns through the index of the person's turns
+    (by owner): every session walked all the person's turns, and a search over 4,000 sessions
+    of 5 turns took 21 s, the relay's database held for everyone meanwhile. Twice the sessions
+    now cost twice the work (docs/protocol.md, ``listSessions``: in proportion to the text)."""
+    store = SqliteTurnStore(tmp_path / "hangar.db")
+    await store.open()
+    await store.close()
+
+    few, many = (_search_steps(tmp_path / "hangar.db", n) for n in (300, 600))
+
+    assert many < 2.5 * few, (few, many)
