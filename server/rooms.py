@@ -117,10 +117,11 @@ class Rooms:
     async def _send_moved(self) -> None:
         """One ``sessionChanged`` per session that moved in the last moment: a turn that starts
         and ends at once, or a burst of endings, costs each session one line, not one each."""
-        await asyncio.sleep(SESSION_COALESCE)
-        moved, self._moved = self._moved, set()
-        for session_id in moved:
-            await self.send_session(session_id)
+        while self._moved:  # those that moved while the others were sent go next
+            await asyncio.sleep(SESSION_COALESCE)
+            moved, self._moved = self._moved, set()
+            for session_id in moved:
+                await self.send_session(session_id)
 
     def watched_here(self, session_id: str) -> bool:
         """Whether a browser connected to this relay has the session open."""

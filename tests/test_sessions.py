@@ -732,3 +732,29 @@ async def test_a_members_search_looks_at_each_prompt_once(tmp_path: Path) -> Non
     few, many = (_search_steps(tmp_path / "hangar.db", n) for n in (300, 600))
 
     assert many < 2.5 * few, (few, many)
+
+
+async def test_a_session_that_moves_while_others_are_sent_is_sent_too(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """The sessions that moved in a moment are sent together (``rooms._send_moved``); one that
+    moved while they were being sent waited for some later change to be sent, and without one
+    never was: 1-8 of 18 sessions whose turns ended together stayed "working" in their owner's
+    list."""
+    await relay.people.token("alice")
+    owner = await user_id(relay, "alice")
+    store, rooms = relay.relay.store, relay.relay.rooms
+    await asyncio.gather(
+        *(store.create_session(SessionRecord(f"s_{n:03d}", owner, f"S {n}")) for n in range(201))
+    )
+    alice = await browsers("alice")
+
+    for n in range(200):  # their turns ended at once, say
+        rooms.moved(f"s_{n:03d}")
+    await eventually(lambda: session_events(alice), what="the first of them sent")
+    rooms.moved("s_200")  # while the rest are on their way
+
+    await eventually(lambda: changes_of(alice, "s_200"), what="the late one sent")
+    assert {data["session"]["sessionId"] for _, data in session_events(alice)} == {
+        f"s_{n:03d}" for n in range(201)
+    }
