@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -260,7 +261,7 @@ class Rooms:
 
     async def rename_session(self, viewer: User, session_id: str, title: str) -> dict[str, Any]:
         """Retitle one of the viewer's own sessions; its owner's browsers hear of it."""
-        title = " ".join(title.split())
+        title = " ".join(one_line(title).split())
         session = await self.store.get_session(session_id)
         if session is None or not viewer.may_see(session.owner):
             return {"ok": False, "error": UNKNOWN_SESSION}
@@ -294,7 +295,17 @@ class Rooms:
 
 
 def session_title(prompt: str) -> str:
-    """A new session's title: the first line of its first prompt that shows, white space
-    around it left out, at most 60 characters (``web/protocol.js`` has the same rule)."""
-    line = next((line.strip() for line in prompt.splitlines() if shows(line)), "New session")
+    """A new session's title: the first line of its first prompt that shows, each control
+    character a space, white space around it left out, at most 60 characters
+    (``web/protocol.js`` has the same rule)."""
+    line = next((one_line(line) for line in prompt.splitlines() if shows(line)), "New session")
     return line[:60] + ("…" if len(line) > 60 else "")
+
+
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""Unicode's control characters (NUL, ESC, DEL…): a title shows none of them."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with each control character a space, white space around it left out."""
+    return CONTROLS.sub(" ", text).strip()

@@ -758,3 +758,15 @@ async def test_a_session_that_moves_while_others_are_sent_is_sent_too(
     assert {data["session"]["sessionId"] for _, data in session_events(alice)} == {
         f"s_{n:03d}" for n in range(201)
     }
+
+
+async def test_a_title_keeps_no_control_character(browser: Browser) -> None:
+    """A title "\\x00abc" or an escape sequence was kept as sent, NUL and ESC included, as was a
+    first prompt's line holding them: the list drew them as boxes, a terminal reading the
+    database as colours. Each is a space now, on both ways a title is made."""
+    ack = await ended_quickly(browser, "\x1b[31mRed\x1b[0m alert\x00")
+    assert (await listed(browser))["sessions"][0]["title"] == "[31mRed [0m alert"
+
+    for sent, kept in (("\x00abc", "abc"), ("Tab\there\x7fand\x85there", "Tab here and there")):
+        answer = await browser.call("renameSession", {"sessionId": ack["sessionId"], "title": sent})
+        assert answer["ok"] is True and answer["session"]["title"] == kept, answer

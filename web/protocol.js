@@ -79,6 +79,9 @@ const LINE_BREAK = /\r\n|[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]/;
 // blank letters.
 const UNSEEN = /^[\x20\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\p{Cc}\p{Cf}\u115f\u1160\u2800\u3164\uffa0]*$/u;
 
+// Unicode's control characters (NUL, ESC, DEL…): a title shows each as a space.
+const CONTROLS = /[\x00-\x1f\x7f-\x9f]/g;
+
 function strip(text) {
   let start = 0;
   let end = text.length;
@@ -92,12 +95,12 @@ export function shows(text) {
   return !UNSEEN.test(String(text));
 }
 
-/** A new session's title: the first line of its first prompt that shows, white space around it
- * left out, at most 60 characters (code points). */
+/** A new session's title: the first line of its first prompt that shows, each control
+ * character a space, white space around it left out, at most 60 characters (code points). */
 export function sessionTitle(prompt) {
   const line = String(prompt).split(LINE_BREAK).find((text) => !UNSEEN.test(text));
   if (line === undefined) return "New session";
-  const chars = Array.from(strip(line));
+  const chars = Array.from(strip(line.replace(CONTROLS, " ")));
   return chars.length > TITLE_CHARS ? `${chars.slice(0, TITLE_CHARS).join("")}…` : chars.join("");
 }
 
