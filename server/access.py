@@ -25,7 +25,6 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any, Literal
 
@@ -204,8 +203,8 @@ class Access:
         if isinstance(token, str) and token.startswith(API_TOKEN_PREFIX):
             user = await self.accounts.api_token_user(token)
             return Credential(user, "token", token_hash(token)) if user else None
-        cookie = SimpleCookie(environ.get("HTTP_COOKIE", "")).get(LOGIN_COOKIE)
-        return await self._login(cookie.value) if cookie is not None else None
+        cookie = cookie_value(environ.get("HTTP_COOKIE", ""), LOGIN_COOKIE)
+        return await self._login(cookie) if cookie else None
 
     async def _login(self, token: str) -> Credential | None:
         found = await self.accounts.logged_in(token)
@@ -382,3 +381,15 @@ async def _tell(listeners: list[Listener], revocation: Revocation) -> bool:
             )
             told = False
     return told
+
+
+def cookie_value(header: str, name: str) -> str | None:
+    """The value of the cookie ``name`` in a ``Cookie`` header, read as aiohttp reads it for
+    the page's routes: pairs split at ``;``, one another program wrote unreadably skipped, not
+    those after it (``http.cookies.SimpleCookie`` dropped them all)."""
+    for pair in header.split(";"):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip() == name:
+            value = value.strip()
+            return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+    return None

@@ -1045,3 +1045,35 @@ async def test_no_connection_takes_over_a_connected_drone(
     second = await browser.submit("Then this", sessionId=ack["sessionId"])
     assert (await browser.completion(second["turnId"]))[1:] == (True, "Next one.")
     assert impostor_orders == []
+
+
+@pytest.mark.parametrize(
+    "before",
+    ['prefs={"theme":"dark"}; ', "a=b c; ", 'x="unclosed; '],
+    ids=["json", "space", "quote"],
+)
+async def test_the_login_cookie_opens_the_socket_beside_anothers_unreadable_cookie(
+    relay: RelayHandle, logins: Callable[..., Login], before: str
+) -> None:
+    """Another program on the same host can set a cookie Python's ``SimpleCookie`` cannot
+    read, and it then dropped every cookie after it: the page opened (aiohttp reads the
+    header whole) but its socket was refused "Log in to continue.", so the page went to
+    /login, which sent it back to the page, 52 loads in 6 s, for ever."""
+    await relay.relay.accounts.add_user("ada", PASSWORD)
+    login = logins()
+    assert (await login.post("/login", username="ada", password=PASSWORD))[0] == 303
+    header = f"{before}{LOGIN_COOKIE}={login.cookie}; theme=dark"
+
+    # As a browser sends it: python-socketio's client reads the header with SimpleCookie too,
+    # and a session with a cookie jar adds its own.
+    url = relay.url + "/socket.io/?EIO=4&transport=websocket"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url, headers={"Cookie": header}) as socket,
+    ):
+        assert (await socket.receive_str(timeout=5)).startswith("0{")  # engine.io's open
+        await socket.send_str(f"40{IDE_NAMESPACE},")
+        said = [await socket.receive_str(timeout=5)]
+        while not said[-1].startswith(("40", "44")):  # the hello may come before the connect
+            said.append(await socket.receive_str(timeout=5))
+    assert said[-1].startswith(f"40{IDE_NAMESPACE},{{"), said  # connected, not "44…" refused
