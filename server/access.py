@@ -45,6 +45,7 @@ from .accounts import (
 )
 from .connections import UNAVAILABLE
 from .limits import QuietLog
+from .login_checks import LoginChecks, address_group
 
 log = logging.getLogger("hangar.relay")
 ORIGIN_REFUSED = "hangar.origin_refused"
@@ -156,6 +157,7 @@ class Access:
         self.demo_user = demo_user
         """The user a loopback visitor is logged in as, on a demo relay."""
         self.proxies = networks(trusted_proxies or [])
+        self.checks = LoginChecks()
 
     def client_address(self, request: web.BaseRequest) -> str:
         """Who sent ``request``: its peer, or the address a trusted proxy says it forwards (the
@@ -245,7 +247,7 @@ class Access:
             name, password = form.get("username"), form.get("password")
             if not isinstance(name, str) or not isinstance(password, str):
                 return self._login_page(page_dir, BAD_LOGIN, 400)
-            address = self.client_address(request)
+            address = address_group(self.client_address(request))
             # A name no person can have is not kept (nor checked): only the address counts.
             stripped = name.strip()
             named = USER_NAME.fullmatch(stripped) is not None
@@ -253,7 +255,8 @@ class Access:
             if await self.accounts.login_attempt(address_key, name_key if named else None):
                 log.info("login refused (too many failures) user=%r", name[:64])
                 return self._login_page(page_dir, TOO_MANY_LOGINS, 429, name)
-            user = await self.accounts.check_password(stripped, password) if named else None
+            async with self.checks.turn(address):
+                user = await self.accounts.check_password(stripped, password) if named else None
             if user is None:
                 log.info("login failed user=%r address=%s", name[:64], address)
                 return self._login_page(page_dir, BAD_LOGIN, 401, name)

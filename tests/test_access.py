@@ -399,6 +399,59 @@ async def test_behind_a_proxy_failures_lock_the_visitor_who_made_them_not_everyo
                 await login.close()
 
 
+async def test_a_flood_of_wrong_logins_holds_a_persons_login_back_by_little(
+    tmp_path: Path,
+) -> None:
+    """Each password check is an argon2 hash, ~0.1 s of a core: 200 wrong logins from 10
+    addresses, each within its allowance, held a person's right one back 22.8 s, behind the
+    whole flood. An address now has one check waiting at most, and a person's login waits for
+    one check per address that floods (``login_checks``), not for the flood."""
+    async with relay_trusting(tmp_path, ["127.0.0.1"]) as url:
+        flooders = [Login(url, forwarded_for=f"198.51.100.{n}") for n in range(4)]
+        person = Login(url, forwarded_for="203.0.113.7")
+        done: list[str] = []
+
+        async def log_in(login: Login, name: str, password: str, who: str) -> int:
+            status = (await login.log_in(name, password))[0]
+            done.append(who)
+            return status
+
+        try:
+            flood = [
+                asyncio.ensure_future(log_in(login, f"guess-{n}", "wrong guess", "flood"))
+                for login in flooders
+                for n in range(8)
+            ]
+            await eventually(lambda: len(done) >= 1, what="the flood's first answer")
+            assert await log_in(person, "ada", PASSWORD, "person") == 303
+            assert set(await asyncio.gather(*flood)) == {401}
+        finally:
+            for login in (*flooders, person):
+                await login.close()
+    # Its check waited for those already running and one of each flooding address at most.
+    assert done.index("person") <= 1 + 2 + len(flooders), done
+
+
+async def test_failures_from_one_ipv6_block_count_together(tmp_path: Path) -> None:
+    """One machine is usually given a /64 of IPv6 addresses: each counted apart, it had 2**64
+    allowances of wrong guesses. They count as one address now; another block is not locked."""
+    async with relay_trusting(tmp_path, ["127.0.0.1"]) as url:
+        guessers = [Login(url, forwarded_for=f"2001:db8:0:1::{n:x}") for n in range(1, 5)]
+        other = Login(url, forwarded_for="2001:db8:0:2::1")
+        try:
+            for index in range(MAX_ADDRESS_FAILURES):
+                guesser = guessers[index % len(guessers)]
+                assert (await guesser.log_in(f"guess-{index}", "guess"))[0] == 401
+
+            fresh = Login(url, forwarded_for="2001:db8:0:1::99")
+            guessers.append(fresh)
+            assert (await fresh.log_in("ada", PASSWORD))[0] == 429
+            assert (await other.log_in("ada", PASSWORD))[0] == 303
+        finally:
+            for login in (*guessers, other):
+                await login.close()
+
+
 @pytest.mark.parametrize("trusted", [[], ["10.9.9.9"]], ids=["by default", "another proxy"])
 async def test_an_untrusted_peer_cannot_shed_its_lock_by_naming_other_addresses(
     tmp_path: Path, trusted: list[str]
@@ -781,6 +834,29 @@ async def test_a_turn_waiting_for_a_drone_whose_token_is_revoked_ends_with_a_rea
     turn = await relay.relay.store.get_turn(waiting["turnId"])
     assert turn is not None and (turn.status, turn.reason) == ("error", "drone_failed")
     assert [m.role for m in turn.messages] == ["user"]
+
+
+async def test_turns_waiting_for_a_revoked_drone_end_though_its_slots_free_up_first(
+    relay: RelayHandle, openai_peer: OpenAIPeer, start_drone: Callable[..., Any], browser: Browser
+) -> None:
+    """Ending the revoked drone's running turns freed its slots, and the turns waiting for it
+    were sent to it as it was being dismissed: not queued any more when the relay looked for
+    them, they came back in line after it left and waited for ever (one run in three)."""
+    openai_peer.script(*[SLOW] * 4)
+    token = await relay.relay.accounts.create_drone_token("laptop")
+    await start_drone(Upstream("openai", openai_peer), token=token, name="laptop", concurrency=4)
+    acks = [await browser.submit(f"Turn {n}", droneId="laptop") for n in range(6)]
+    for ack in acks[:4]:
+        await browser.wait_text(ack["turnId"], pieces=1)
+
+    assert await relay.relay.accounts.revoke_drone_token("laptop")
+
+    for ack in acks:
+        assert await browser.completion(ack["turnId"], timeout=10) == (
+            ack["turnId"],
+            False,
+            TOKEN_REVOKED,
+        )
 
 
 async def test_a_turn_for_a_drone_whose_token_was_revoked_before_is_refused_at_once(
