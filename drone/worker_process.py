@@ -258,7 +258,20 @@ def die_with(drone: int) -> None:
         os._exit(1)
 
 
+def close_inherited() -> None:
+    """Close every descriptor past stdio this process was started with: uvloop's spawn leaves
+    copies of the drone's ends of the worker's pipes here (and whatever the drone had open
+    that is inheritable), and a command the worker runs, sandboxed or not, inherited them: it
+    could read other turns' orders and write their progress. Python's own are not inheritable."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        with contextlib.suppress(OSError):
+            if fd > 2 and os.get_inheritable(fd):
+                os.close(fd)
+
+
 def main() -> None:
+    close_inherited()
     # The pipes are the protocol: nothing printed may land in them, nothing started may read them.
     inbox = os.fdopen(os.dup(0), "rb")
     out_fd = os.dup(1)

@@ -571,3 +571,34 @@ def importing(pid: int, program: str) -> bool:
         if program in Path(f"/proc/{pid}/cmdline").read_text():
             return "pydantic_core" in Path(f"/proc/{pid}/maps").read_text()
     return False
+
+
+FDS = "ls -l /proc/$$/fd"
+"""The shell's descriptors, as ``ls`` sees them while the shell waits for it."""
+
+
+async def test_a_command_holds_no_descriptor_of_its_worker_or_drone(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    browser: Browser,
+) -> None:
+    """A worker started with the drone's ends of its pipes (uvloop's spawn leaves copies), and
+    every command it ran, sandboxed or not, held them: one command wrote another turn's text
+    and ending, one read the next turn's order, prompt and all. A command holds its own stdin,
+    stdout and stderr now, and nothing else."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": FDS})]),
+        Reply(chunks=["Listed."]),
+    )
+    drone_process(Upstream("openai", openai_peer), server=relay.url)  # on uvloop, as shipped
+    await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+
+    turn_id = (await browser.submit("List your descriptors"))["turnId"]
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Listed.")
+    [end] = [p for p in browser.progress(turn_id, "tool") if p["state"] == "end"]
+    links = [line.split(" -> ") for line in end["result"].splitlines() if " -> " in line]
+    held = {name.split()[-1]: target for name, target in links}
+    own = {held[fd] for fd in ("0", "1", "2")}
+    assert {fd: target for fd, target in held.items() if target not in own} == {}, held
