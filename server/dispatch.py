@@ -126,6 +126,13 @@ class Dispatcher:
                 await self.directory.broadcast()
         self.announce()
 
+    def stopping(self, instance: str) -> None:
+        """A drone process (by its ``instance``) takes no more work until it is gone: it said
+        it stops, or its token was revoked."""
+        self._stopping[instance] = None
+        while len(self._stopping) > REMEMBERED_STOPPING:
+            self._stopping.popitem(last=False)
+
     async def _capacity(self) -> dict[str, int]:
         now = time.monotonic()
         return {
@@ -191,10 +198,8 @@ class Dispatcher:
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
             log.info("work order turn=%s ran on its first sending", turn.turn_id)
             return
-        if reason == DRONE_STOPPING:  # it takes no more work until it is gone
-            self._stopping[route.instance] = None
-            while len(self._stopping) > REMEMBERED_STOPPING:
-                self._stopping.popitem(last=False)
+        if reason == DRONE_STOPPING:
+            self.stopping(route.instance)
         if reason in (DRONE_BUSY, LEFT, DRONE_STOPPING):
             await self._back_in_line(turn, reason)
             return

@@ -217,6 +217,10 @@ class DroneNamespace(ConnectionNamespace[DroneConnection]):
         if revocation.kind != "drone":
             return
         ending = Ending("error", TOKEN_REVOKED, "drone_failed")
+        # First, so that no turn waiting for it is sent to it as its own turns end and free
+        # its slots (it would come back in line once it is gone, and wait for ever).
+        if (route := await self.relay.directory.route(revocation.revoked)) is not None:
+            self.relay.dispatcher.stopping(route.instance)
         for sid, connection in list(self.connections.items()):
             if connection.route.drone_id == revocation.revoked:
                 await self.relay.reports.end_drone_turns(connection.route.drone_id, ending)

@@ -841,7 +841,9 @@ async def test_turns_waiting_for_a_revoked_drone_end_though_its_slots_free_up_fi
 ) -> None:
     """Ending the revoked drone's running turns freed its slots, and the turns waiting for it
     were sent to it as it was being dismissed: not queued any more when the relay looked for
-    them, they came back in line after it left and waited for ever (one run in three)."""
+    them, they came back in line after it left and waited for ever (one run in three with a
+    relay, a drone and the revoking command in processes of their own; in one process, as
+    here, the race is rarely met)."""
     openai_peer.script(*[SLOW] * 4)
     token = await relay.relay.accounts.create_drone_token("laptop")
     await start_drone(Upstream("openai", openai_peer), token=token, name="laptop", concurrency=4)
