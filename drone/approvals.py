@@ -18,6 +18,7 @@ from hangar.shared.abort import AbortSignal, AbortTimeoutError
 from hangar.shared.protocol import NO_SUCH_CALL, TOOL_NOT_RUN, ToolCall
 
 from .agent import Report
+from .report import SHOWN_ARGUMENTS_CHARS
 from .tools.policy import ToolPolicy
 
 log = logging.getLogger("hangar.drone")
@@ -29,6 +30,12 @@ DECLINED = "The person declined this tool call" + TOOL_NOT_RUN
 
 def not_allowed(name: str) -> str:
     return f"This drone does not allow the tool {name}" + TOOL_NOT_RUN
+
+
+def too_long(chars: int) -> str:
+    return f"This call is too long ({chars:,} characters) to be shown whole for approval" + (
+        TOOL_NOT_RUN
+    )
 
 
 def unanswered(seconds: float) -> str:
@@ -66,6 +73,9 @@ class Approvals:
             call.name in self.always and call.name not in self.policy.ask_each_time
         ):
             return None
+        if call.name != "write_file" and len(call.arguments) > SHOWN_ARGUMENTS_CHARS:
+            # Shown cut, the rest would run unseen (a file's content shows its size instead).
+            return too_long(len(call.arguments))
         answer: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
         self.waiting[call.id] = Waiting(call, depth, answer, signal)
         try:

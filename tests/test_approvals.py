@@ -4,6 +4,7 @@ across relays, and a drone with no sandbox, against real relays, drones and the 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sys
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from bench.services import free_port
-from hangar.drone.approvals import DECLINED, not_allowed, unanswered
+from hangar.drone.approvals import DECLINED, not_allowed, too_long, unanswered
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.accounts import Accounts
@@ -287,6 +288,28 @@ async def test_a_call_that_cannot_run_fails_without_asking_anyone(
     assert states(browser, turn_id) == ["error"]
     result = browser.progress(turn_id, "tool")[0]["result"]
     assert result.startswith("Error: The ") and "could not be started" not in result
+
+
+async def test_a_command_too_long_to_show_whole_is_not_put_to_the_person(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Start,
+    browser: Browser,
+    tmp_path: Path,
+) -> None:
+    """A command of 109,051 characters (one a process may still take) was shown cut to its
+    first 20,000: "echo building project" and spaces. The person approved that, and the rest,
+    "; touch HIDDEN", ran unseen. A call longer than what a card shows whole is not asked."""
+    command = "echo building project" + " " * 100_000 + "; touch HIDDEN"
+    openai_peer.script(shell(command), Reply(chunks=["Not run."]))
+    await asking_drone(start_drone, openai_peer, tmp_path)
+    turn_id = (await browser.submit("Build it"))["turnId"]
+
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Not run.")
+    assert states(browser, turn_id) == ["declined"]
+    call = {"command": command}
+    assert browser.progress(turn_id, "tool")[0]["result"] == too_long(len(json.dumps(call)))
+    assert not (tmp_path / "HIDDEN").exists()
 
 
 async def test_a_sub_agent_at_the_deepest_level_is_refused_without_asking_anyone(

@@ -20,6 +20,9 @@ const COUNT = new Intl.NumberFormat("en");
  * would put the end of a command out of the card's box). */
 const BLANK_RUN = 3;
 const BLANK = /^[ \t]*$/;
+/** A run of spaces or tabs this long, within a line, is drawn as one marked span. */
+const SPACE_RUN = /([ \t]{32,})/;
+const SPACES = (run) => (/^\t+$/.test(run) ? "tabs" : run.includes("\t") ? "spaces and tabs" : "spaces");
 /** A command of more lines than this (about what the card's box shows) says how many it has. */
 const MANY_LINES = 10;
 
@@ -53,12 +56,22 @@ function shownLines(text) {
       blank += run;
       i = end;
     } else {
-      nodes.push(...revealed(lines[i]));
+      nodes.push(...spacedOut(lines[i]));
       i += 1;
     }
     if (!last) nodes.push("\n");
   }
   return { nodes, blank };
+}
+
+/** A line's nodes, a long run of spaces or tabs in it as one marked span: what follows such a
+ * run (`; rm -rf ~` after a screen of spaces, say) stays in sight. */
+function spacedOut(line) {
+  return line.split(SPACE_RUN).flatMap((part, n) =>
+    n % 2
+      ? [h("span", { class: "blank-lines" }, `⟨${COUNT.format(part.length)} ${SPACES(part)}⟩`)]
+      : revealed(part),
+  );
 }
 
 const lineCount = (text) => (text ? text.split("\n").length - (text.endsWith("\n") ? 1 : 0) : 0);

@@ -731,3 +731,29 @@ async def test_an_answer_given_in_another_tab_first_leaves_the_card_saying_so(
         await expect(card).to_have_count(0)
         await expect(page.locator("#prompt")).to_be_focused()
         assert [a["approve"] for a in answers] == [True, True]
+
+
+async def test_a_long_run_of_spaces_in_a_command_does_not_push_its_end_out_of_sight(
+    page: Page, relay: RelayHandle
+) -> None:
+    """ "echo building project", a screen of spaces, then "; touch HIDDEN": the card showed the
+    start, and its end lay far to the right, unseen by the person approving it."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Build it")
+        turn_id = await drone.next_order()
+        command = "echo building project" + " " * 5_000 + "; touch HIDDEN\n\t\t" + "\t" * 40 + "x"
+        await waiting(drone, turn_id, "c1", "run_shell", command=command)
+
+        code = turn.locator(".approval .approval-code")
+        await expect(code).to_have_text(
+            "echo building project⟨5,000 spaces⟩; touch HIDDEN\n⟨42 tabs⟩x"
+        )
+        box = await turn.locator(".approval").bounding_box()
+        end = await code.locator(".blank-lines").first.bounding_box()
+        assert (
+            box is not None
+            and end is not None
+            and end["x"] + end["width"] <= box["x"] + box["width"]
+        )
+        await page.screenshot(path=artifact("approval-spaced-out.png"))
