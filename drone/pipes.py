@@ -92,7 +92,7 @@ class WorkerProcess:
         self.ready = asyncio.Event()
         self.exited = asyncio.Event()
         self.answered = 0.0
-        """When (the loop's time) it last sent anything: ``pool._watch``."""
+        """When (the loop's time) it last sent anything: ``watch.watch``."""
 
     async def start(self, settings: bytes) -> asyncio.subprocess.Process:
         self.ready.clear()

@@ -38,8 +38,9 @@ from hangar.shared.protocol import (
 from .histories import MAX_SESSIONS
 from .outbox import relog
 from .pipes import FrameError, WorkerProcess, frame, frame_bytes, read_frame
-from .service import AbortMode, abort_early, remember
+from .service import ABORT_REASONS, AbortMode, abort_early, remember
 from .verdicts import Verdicts
+from .watch import silent, watch
 
 log = logging.getLogger("hangar.drone")
 
@@ -51,11 +52,6 @@ EXIT_WITHIN = 5.0
 RESTART_PAUSES = (0.0, 1.0, 2.0, 5.0)
 """Seconds before a dead worker is replaced: longer while replacements keep dying young."""
 YOUNG = 10.0
-WORKER_PING = 1.0
-"""Seconds between the drone's asking each worker whether its loop runs."""
-WORKER_SILENT = 15.0
-"""Seconds a worker may leave that unanswered (frozen, stopped) before it is replaced."""
-PING = frame(["ping"])
 
 
 class WorkerStartError(Exception):
@@ -90,6 +86,9 @@ class Assigned:
     report: Progress
     aborted: bool = False
     """An immediate abort was asked: its slot is free."""
+    asked: AbortCause | None = None
+    """Why an abort (now or after the step) was asked: the turn ends aborted for it, even if
+    its worker dies before it says so."""
     waiting: dict[str, tuple[ToolCall, int]] = field(default_factory=dict)
     """Its tool calls waiting for a person: call id -> (call, depth)."""
 
@@ -127,7 +126,7 @@ class WorkerPool:
         """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
         first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it returns."""
         self._lives = [asyncio.ensure_future(self._live(w)) for w in self.workers]
-        self._lives.append(asyncio.ensure_future(self._watch()))
+        self._lives.append(asyncio.ensure_future(watch(self.workers, lambda: self.root.aborted)))
         for worker in self.workers:
             waits = [worker.ready.wait(), worker.exited.wait(), self.root.wait()]
             tasks = [asyncio.ensure_future(wait) for wait in waits]
@@ -183,6 +182,7 @@ class WorkerPool:
         if assigned is None:
             return abort_early(self.aborted_early, self.ended, turn_id, mode)
         assigned.worker.send(frame(["abort", turn_id, mode, cause]))
+        assigned.asked = assigned.asked or cause
         if mode == "after_step":
             return True, STOP_AFTER_STEP
         assigned.aborted = True
@@ -243,6 +243,7 @@ class WorkerPool:
             and sent is not None
             and held[1] == sent.history_base
             and held[0].ready.is_set()
+            and not silent(held[0])
         ):
             worker, part = held[0], sent
         else:
@@ -259,7 +260,7 @@ class WorkerPool:
         load = dict.fromkeys(self.workers, 0)
         for assigned in self.running.values():
             load[assigned.worker] += not assigned.aborted
-        return min(self.workers, key=lambda w: (not w.ready.is_set(), load[w], w.number))
+        return min(self.workers, key=lambda w: (not w.ready.is_set(), silent(w), load[w], w.number))
 
     def _stop(self) -> None:
         reason = self.root.reason
@@ -287,31 +288,16 @@ class WorkerPool:
                     "could not start" if code is None else f"exit code {code}",
                     len(lost),
                 )
-            for turn_id in lost:
-                await self._end(turn_id, False, WORKER_STOPPED, Ending(reason="drone_failed"))
+            stopping = self.root.reason.cause if self.root.reason is not None else None
+            for turn_id in lost:  # "Abort signaled" was answered, or the drone stops: as said
+                if cause := self.running[turn_id].asked or stopping:
+                    await self._end(turn_id, True, ABORTED, Ending(reason=ABORT_REASONS[cause]))
+                else:
+                    await self._end(turn_id, False, WORKER_STOPPED, Ending(reason="drone_failed"))
             if self._closing or self.root.aborted:
                 return  # the drone is stopping: no new work order will come
             deaths = deaths + 1 if loop.time() - born < YOUNG else 0
             await asyncio.sleep(RESTART_PAUSES[min(deaths, len(RESTART_PAUSES) - 1)])
-
-    async def _watch(self) -> None:
-        """Replace a worker whose loop has not answered for ``WORKER_SILENT``: its work orders
-        end in error, as when it dies, instead of running on past every bound of theirs."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(WORKER_PING)
-            for worker in self.workers:
-                process = worker.process
-                if process is None or process.returncode is not None or not worker.ready.is_set():
-                    continue  # starting (``START_WITHIN``), or being replaced
-                silent = loop.time() - worker.answered
-                if silent < WORKER_SILENT:
-                    worker.send(PING)
-                    continue
-                log.warning("%s has not answered for %.0f s: it is replaced", worker.name, silent)
-                worker.ready.clear()
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
 
     async def _run(self, worker: WorkerProcess) -> int | None:
         """Start ``worker``'s process and take its events until it ends; its exit code (None
@@ -351,7 +337,7 @@ class WorkerPool:
             worker.ready.set()
             return
         if kind == "pong":
-            return  # its loop runs (``_watch``)
+            return  # its loop runs (``watch``)
         if kind == "decided":
             self._verdicts.heard(event[1], event[2], event[3])
             return

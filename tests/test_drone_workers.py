@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
-from hangar.drone import pool
+from hangar.drone import watch
 from hangar.drone.pool import WORKER_STOPPED
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.server.reaper import DRONE_LOST
@@ -132,7 +132,7 @@ async def test_a_frozen_worker_is_replaced_and_its_turns_end_in_error(
     """A worker whose loop stops (SIGSTOP here; a native call that never returns does the
     same) kept its turns processing past every bound, and took the next orders too; the drone
     answered the relay's pings all along. It is now replaced as a dead one is."""
-    monkeypatch.setattr(pool, "WORKER_SILENT", 2.0)
+    monkeypatch.setattr(watch, "WORKER_SILENT", 2.0)
     upstream.peer.script(SLOW)
     drone = await start_drone(upstream, workers=1, concurrency=2)
     turn_id = (await browser.submit("Stream on"))["turnId"]
@@ -602,3 +602,102 @@ async def test_a_command_holds_no_descriptor_of_its_worker_or_drone(
     held = {name.split()[-1]: target for name, target in links}
     own = {held[fd] for fd in ("0", "1", "2")}
     assert {fd: target for fd, target in held.items() if target not in own} == {}, held
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """Process ``pid`` stopped (SIGSTOP) for the block."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+async def test_an_abort_answered_ends_the_turn_aborted_though_its_worker_dies_first(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    """ "Abort signaled" was answered, then the worker died before it ended the turn: the turn
+    ended in error ("The drone's worker stopped."), not aborted by its person as promised."""
+    upstream.peer.script(SLOW)
+    await start_drone(upstream, workers=1)
+    turn_id = (await browser.submit("Stream on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids()
+
+    with frozen(worker):
+        assert await browser.abort(turn_id) == (True, ABORT_SIGNALED)
+        os.kill(worker, signal.SIGKILL)
+
+    assert await browser.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
+    ending = await browser.ending(turn_id)
+    person = next(args["user"]["name"] for event, args in browser.events if event == "hello")
+    assert (ending["reason"], ending["endedBy"]) == ("aborted", person)
+
+
+async def test_a_new_turn_goes_to_a_worker_that_answers_not_to_a_frozen_one(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The idle worker first in line was frozen: a new turn went to it all the same, and ended
+    in error 15 s later when it was replaced, the other worker idle all along."""
+    monkeypatch.setattr(watch, "WORKER_PING", 0.2)
+    upstream.peer.script(Reply(chunks=["Answered ", "at once."]))
+    await start_drone(upstream, workers=2, concurrency=2)
+    await eventually(lambda: len(worker_pids()) == 2, what="both workers")
+
+    with frozen(min(worker_pids())):  # the first started: the one picked first
+        await asyncio.sleep(3 * watch.WORKER_PING)  # its pings go unanswered meanwhile
+        turn_id = (await browser.submit("Quick one"))["turnId"]
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, "Answered at once.")
+
+
+async def test_a_drone_whose_own_loop_was_held_up_keeps_its_workers(
+    relay: RelayHandle,
+    upstream: Upstream,
+    start_drone: Start,
+    browser: Browser,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drone's process stopped (Ctrl-Z, a debugger) or starved past the bound its workers
+    have to answer: back, it found their answers unread, counted its own pause against them,
+    and killed them, their turns ended in error."""
+    monkeypatch.setattr(watch, "WORKER_SILENT", 2.0)
+    upstream.peer.script(Reply(chunks=[f"w{i} " for i in range(40)], delay=0.05))
+    await start_drone(upstream, workers=1)
+    turn_id = (await browser.submit("Stream on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids()
+
+    time.sleep(4.0)  # noqa: ASYNC251 (the fault itself: this process's loop, the drone's, held up)
+
+    # The browser, held up too, may have lost its connection meanwhile: the store tells.
+    async def ended() -> TurnRecord | None:
+        turn = await relay.relay.store.get_turn(turn_id, messages=False)
+        return turn if turn is not None and turn.status != "processing" else None
+
+    turn = await eventually(ended, timeout=20, what="the turn's end")
+    assert (turn.status, turn.result) == ("finished", "".join(f"w{i} " for i in range(40)).strip())
+    assert worker_pids() == [worker]
+
+
+async def test_a_drone_stopping_waits_briefly_for_a_frozen_worker_and_ends_its_turns_aborted(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    """Ctrl-C with a frozen worker: the drone waited 15 s for it, and its turn, which the
+    drone's stop had aborted, ended in error."""
+    upstream.peer.script(SLOW)
+    drone = await start_drone(upstream, workers=1)
+    turn_id = (await browser.submit("Stream on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids()
+
+    with frozen(worker):
+        drone.stop()
+        assert await browser.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
+        assert (await browser.ending(turn_id))["reason"] == "operator"
+        assert await asyncio.wait_for(drone.task, 10) == 0
