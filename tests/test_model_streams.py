@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.peers import OllamaPeer, OpenAIPeer, Reply, ScriptedToolCall
+from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.providers import ollama_provider, openai_provider
 from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED, NO_REASON
 from hangar.drone.service import AgentService
@@ -237,13 +237,14 @@ async def test_token_counts_that_are_not_whole_numbers_are_estimated_through_ope
     await counted(Upstream("openai", openai_peer), tmp_path, counts)
 
 
-async def test_an_ollama_answer_is_whole_at_its_done_line_though_the_stream_stays_open(
-    ollama_peer: OllamaPeer, tmp_path: Path
+async def test_an_answer_is_whole_at_its_end_though_the_stream_stays_open(
+    upstream: Upstream, tmp_path: Path
 ) -> None:
-    """The drone read on after ``"done": true`` and the whole answer ended as stalled."""
-    ollama_peer.script(Reply(chunks=["All ", "done."], linger=30.0))
+    """The drone read on after Ollama's ``"done": true``, or after OpenAI's finish reason and
+    usage when no ``[DONE]`` came, and the whole answer ended as stalled."""
+    upstream.peer.script(Reply(chunks=["All ", "done."], linger=30.0))
     recorder = Recorder()
-    service = service_for(Upstream("ollama", ollama_peer), tmp_path, recorder)
+    service = service_for(upstream, tmp_path, recorder)
     service.accept(order("t_1", "Answer"))
 
     assert await finished(recorder) == ("t_1", True, "All done.")

@@ -107,8 +107,9 @@ class Reply:
     """With an error ``status``: the response's content type and body as given, in place of the
     API's JSON error (an HTML page from a proxy, an empty body, a JSON string)."""
     linger: float = 0.0
-    """(Ollama) Seconds the response stays open after its ``"done": true`` line, as a server
-    that keeps the connection: the answer is whole already."""
+    """Seconds the response stays open after its ``"done": true`` line (Ollama), or after its
+    finish reason and usage, before ``[DONE]`` (OpenAI), as a server that keeps the
+    connection: the answer is whole already."""
     counts: tuple[Any, Any] | None = None
     """The token counts the service reports (prompt, completion) in place of its own, whatever
     they are: OpenAI's ``usage``, Ollama's ``prompt_eval_count`` and ``eval_count``."""

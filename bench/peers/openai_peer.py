@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import time
@@ -315,5 +316,7 @@ class OpenAIPeer(UpstreamPeer):
         if include_usage:
             usage = {**base, "choices": [], "usage": counts}
             await self.emit(rec, resp, f"data: {dumps(usage)}\n\n", counted=False)
+        if reply.linger:
+            await asyncio.sleep(reply.linger)
         await self.emit(rec, resp, "data: [DONE]\n\n", counted=False)
         return await self.finish(rec, resp)

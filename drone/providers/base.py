@@ -124,6 +124,9 @@ BROKE_OFF = "The connection to the model service broke in the middle of its answ
 CUT_AT_LENGTH = "The model's answer reached its length limit and was cut there."
 FILTERED = "The model service withheld the rest of the answer (its content filter)."
 EMPTY_ANSWER = "The model's answer was empty."
+AFTER_DONE = 0.2
+"""Seconds the end of a stream is waited for once its answer is whole (read, the connection
+serves the next request); a service that keeps it open longer has it closed."""
 
 
 class Provider(Protocol):

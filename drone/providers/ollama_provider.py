@@ -14,6 +14,7 @@ import httpx
 from hangar.shared.protocol import ChatMessage
 
 from .base import (
+    AFTER_DONE,
     BROKE_OFF,
     CUT_AT_LENGTH,
     ENDED_EARLY,
@@ -208,9 +209,6 @@ def _arguments(text: str) -> dict[str, Any]:
 UNREADABLE = "The Ollama server sent a line that is not a chat response."
 ERROR_BODY_READ = 65_536
 """Bytes of an error's body read at most (its words are in its first few hundred)."""
-AFTER_DONE = 0.2
-"""Seconds the end of a stream is waited for after its done line (read, the connection serves
-the next request); a server that keeps it open longer has it closed."""
 
 
 def _describe(error: Exception) -> str:

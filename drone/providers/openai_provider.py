@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletion
 from hangar.shared.protocol import ANSWER_TOO_LONG, MAX_MESSAGE_BYTES, ChatMessage
 
 from .base import (
+    AFTER_DONE,
     BROKE_OFF,
     CUT_AT_LENGTH,
     ENDED_EARLY,
@@ -78,8 +79,21 @@ class OpenAIProvider:
         upstream = UpstreamShutdown(signal)
         upstream.attach(stream.response)
         reading = _Reading()
+        chunks = stream.__aiter__()
         try:
-            async for chunk in stream:
+            while True:
+                try:
+                    if reading.finished:  # whole: only usage and [DONE] may follow, at once
+                        async with asyncio.timeout(AFTER_DONE):
+                            chunk = await anext(chunks)
+                    else:
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if not reading.finished or signal.aborted:
+                        raise
+                    break  # the service keeps the stream open: closed here
                 for event in reading.read(chunk):
                     yield event
         except Exception as error:
