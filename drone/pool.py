@@ -346,7 +346,10 @@ class WorkerPool:
         if assigned is None or assigned.worker is not worker:
             return  # ended meanwhile
         if kind == "text":
-            await assigned.report.text(event[3], event[2], event[4])
+            text, depth, chunks = event[3], event[2], event[4]
+            if not isinstance(text, str) or type(depth) is not int or type(chunks) is not int:
+                raise FrameError("a text event that is not text")  # kept, it broke the ending
+            await assigned.report.text(text, depth, chunks)
         elif kind == "message":
             await assigned.report.message(ChatMessage.model_validate(event[2]))
         elif kind == "tool":

@@ -22,6 +22,7 @@ import pytest
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone import watch
+from hangar.drone.pipes import frame
 from hangar.drone.pool import WORKER_STOPPED
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.server.reaper import DRONE_LOST
@@ -701,3 +702,32 @@ async def test_a_drone_stopping_waits_briefly_for_a_frozen_worker_and_ends_its_t
         assert await browser.completion(turn_id, timeout=10) == (turn_id, True, ABORTED)
         assert (await browser.ending(turn_id))["reason"] == "operator"
         assert await asyncio.wait_for(drone.task, 10) == 0
+
+
+def pipe_written_by(pid: int) -> Path:
+    """The pipe a worker writes its events to (its stdout, moved past stdio as it starts)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        flags = int(Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().split()[3], 8)
+        if int(fd.name) > 2 and os.readlink(fd).startswith("pipe:") and flags & os.O_WRONLY:
+            return fd
+    raise AssertionError(f"no pipe written by {pid}")
+
+
+async def test_a_worker_event_the_drone_cannot_take_replaces_the_worker_and_ends_its_turn(
+    relay: RelayHandle, upstream: Upstream, start_drone: Start, browser: Browser
+) -> None:
+    """A text event whose text was a list was taken: the turn's ending then failed on it, the
+    ending was lost, the worker never replaced and its slot never freed (the turn stayed
+    processing, the next got no model)."""
+    upstream.peer.script(SLOW, Reply(chunks=["Next ", "one."]))
+    await start_drone(upstream, workers=1)
+    turn_id = (await browser.submit("Stream on"))["turnId"]
+    await browser.wait_text(turn_id, pieces=2, timeout=20)
+    (worker,) = worker_pids()
+
+    with open(pipe_written_by(worker), "wb") as pipe:  # noqa: ASYNC230 (a pipe: no wait)
+        pipe.write(frame([["text", turn_id, 0, ["not", "text"], 1]]))
+
+    assert await browser.completion(turn_id, timeout=10) == (turn_id, False, WORKER_STOPPED)
+    turn_id = (await browser.submit("Again"))["turnId"]
+    assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Next one.")
