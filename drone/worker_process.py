@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -258,6 +259,20 @@ def die_with(drone: int) -> None:
         os._exit(1)
 
 
+KEYCTL = {"x86_64": 250, "aarch64": 219}
+"""Linux's number of the ``keyctl`` system call, by machine (libc has no wrapper for it)."""
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def own_keyring() -> None:
+    """Join a new, empty session keyring (Linux): the commands this worker runs, sandboxed or
+    not, inherit it, not the drone's, which may hold what its login put there (bubblewrap
+    leaves keyrings as they are)."""
+    number = KEYCTL.get(platform.machine())
+    if sys.platform == "linux" and number is not None:
+        ctypes.CDLL(None, use_errno=True).syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
 def close_inherited() -> None:
     """Close every descriptor past stdio this process was started with: uvloop's spawn leaves
     copies of the drone's ends of the worker's pipes here (and whatever the drone had open
@@ -272,6 +287,7 @@ def close_inherited() -> None:
 
 def main() -> None:
     close_inherited()
+    own_keyring()
     # The pipes are the protocol: nothing printed may land in them, nothing started may read them.
     inbox = os.fdopen(os.dup(0), "rb")
     out_fd = os.dup(1)

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from hangar.shared.protocol import (
     TOOL_CANCELLED,
     ChatMessage,
 )
-from tests.conftest import HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
+from tests.conftest import DRONE_TOKEN, HANGAR, ROOT, Browser, RelayHandle, Upstream, eventually
 from tests.test_tool_sandbox import grandchild_command, processes_running, started, unique_sleep
 
 Start = Callable[..., Any]
@@ -731,3 +732,56 @@ async def test_a_worker_event_the_drone_cannot_take_replaces_the_worker_and_ends
     assert await browser.completion(turn_id, timeout=10) == (turn_id, False, WORKER_STOPPED)
     turn_id = (await browser.submit("Again"))["turnId"]
     assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Next one.")
+
+
+SECRET = "drone-keyring-secret-789"
+IN_A_KEYRING = f"""
+import ctypes, os, platform, sys
+calls = {{"x86_64": (248, 250), "aarch64": (217, 219)}}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(calls[1], 1, b"a-login")  # KEYCTL_JOIN_SESSION_KEYRING
+secret = b"{SECRET}"
+assert libc.syscall(calls[0], b"user", b"login:secret", secret, len(secret), -3) > 0
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
+"""Start the command given after it in a session keyring holding a secret, as a login may."""
+READ_KEYS = """python3 - <<'PY'
+import ctypes, platform
+keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+found = ctypes.create_string_buffer(256)
+for line in open("/proc/keys"):
+    size = libc.syscall(keyctl, 11, int(line.split()[0], 16), found, 256)  # KEYCTL_READ
+    print(line.split()[8], found.raw[:size] if size > 0 else "unread")
+PY"""
+"""Every key a command sees, and what it reads of each."""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="keyctl's number")
+async def test_a_command_reads_nothing_of_the_drones_keyring(
+    relay: RelayHandle, openai_peer: OpenAIPeer, browser: Browser, tmp_path: Path
+) -> None:
+    """A drone started in a session keyring holding a secret (a login's, say): a command, in
+    the sandbox, read it out of the keyring, which bubblewrap leaves as it is."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": READ_KEYS})]),
+        Reply(chunks=["Read."]),
+    )
+    settings = Upstream("openai", openai_peer).drone_settings()
+    drone = subprocess.Popen(  # noqa: ASYNC220 (started at once; waited for below)
+        [sys.executable, "-c", IN_A_KEYRING, "-m", "hangar.shared.cli", "drone",
+         "--server", relay.url, "--token", DRONE_TOKEN, "--workdir", str(tmp_path),
+         "--tools", "all=allow", "--provider", "openai", "--model", settings["model"],
+         "--base-url", settings["base_url"], "--api-key", settings["api_key"]],
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+        turn_id = (await browser.submit("Read the keys"))["turnId"]
+        assert await browser.completion(turn_id, timeout=20) == (turn_id, True, "Read.")
+    finally:
+        drone.kill()
+        drone.wait(10)
+    [end] = [p for p in browser.progress(turn_id, "tool") if p["state"] == "end"]
+    assert end["result"].startswith("exit code 0"), end["result"]
+    assert SECRET not in end["result"], end["result"]
