@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from hangar.drone.tools.files import (
 )
 from hangar.drone.tools.shell import run_shell
 from hangar.shared.abort import AbortController, AbortError
+from tests.conftest import eventually
 
 T = TypeVar("T")
 GIGABYTE = 1_000_000_000
@@ -325,3 +327,92 @@ async def test_a_path_too_deep_or_too_long_or_ending_in_a_slash_is_refused_and_m
             await write_file(workdir, path, "text")
         assert str(refused.value) == refusal
     assert not (workdir / "d").exists() and not (workdir / "notes").exists()
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Pids of live ``sleep <seconds>`` processes (the duration is unique to a test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):  # gone while it was read
+            alive = (entry / "stat").read_text().rsplit(") ", 1)[-1][0] != "Z"
+            if alive and (entry / "cmdline").read_bytes() == f"sleep\0{seconds}\0".encode():
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_command_that_times_out_keeps_what_it_printed_and_is_ended(workdir: Path) -> None:
+    """A command stopped at its time limit came back as only "The command timed out after
+    300 s.": everything it had printed was lost, so the model could not tell how far it got."""
+    marker = str(random.randint(10**8, 10**9))
+    command = f"seq 1 200000; echo got this far; sleep {marker}"
+
+    with AbortController() as controller, pytest.raises(ToolError) as timed_out:
+        await run_shell(workdir, command, controller.signal, 2)
+
+    message = str(timed_out.value)
+    head, dropped, tail = message.partition(" more bytes not shown …]\n")
+    assert head.startswith("The command timed out after 2 s. Its output until then:\n1\n2\n3\n")
+    assert dropped and "\n199999\n200000\ngot this far\n" in tail  # then maybe "Terminated"
+    assert len(message) < 20_100
+    await eventually(lambda: not sleeping(marker), timeout=2, what="the command to end")
+
+
+async def test_a_path_ending_in_slash_dot_names_a_directory_not_the_file_before_it(
+    workdir: Path,
+) -> None:
+    """The "." at the end of "real.txt/." was dropped: read_file read the file real.txt, and
+    write_file made a file "newname" for "newname/.", as it did for a symlink to "newname/"."""
+    (workdir / "real.txt").write_text("the text")
+    (workdir / "to-real").symlink_to("real.txt/.")
+    (workdir / "to-new").symlink_to("newname/")
+    (workdir / "to-new-dot").symlink_to("newname/.")
+
+    for path in ("real.txt/.", "to-real", "./real.txt/./."):
+        with pytest.raises(ToolError) as reading:
+            await read_file(workdir, path)
+        assert str(reading.value) == f"{path!r} names a directory, not a file."
+    for path in ("newname/.", "made/newname/.", "to-new", "to-new-dot", "real.txt/."):
+        with pytest.raises(ToolError) as writing:
+            await write_file(workdir, path, "new text")
+        assert str(writing.value) == f"{path!r} names a directory, not a file."
+
+    assert sorted(os.listdir(workdir)) == ["real.txt", "to-new", "to-new-dot", "to-real"]
+    assert await read_file(workdir, "./real.txt") == "the text"
+
+
+async def test_a_listing_shows_each_name_on_one_line_with_control_characters_escaped(
+    workdir: Path,
+) -> None:
+    """A file named "two\\nlines.txt" was listed as two entries, "two" and "lines.txt", and a
+    tab or an escape sequence in a name went to the model as it was."""
+    for name in ("two\nlines.txt", "tab\there", "red\x1b[31m", "plain name é.txt", "日本.txt"):
+        make(workdir / name)
+    make(workdir / "'quoted'")  # as it would show, escaped, were it a name with a control char
+    (workdir / "new\nfolder").mkdir()
+    os.close(os.open(os.fsencode(workdir) + b"/bad\xff.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+
+    listing = await list_directory(workdir)
+
+    assert listing.split("\n") == [
+        "'new\\nfolder'/",
+        "\"'quoted'\"",
+        "bad\ufffd.txt",
+        "plain name é.txt",
+        "'red\\x1b[31m'",
+        "'tab\\there'",
+        "'two\\nlines.txt'",
+        "日本.txt",
+    ]
+
+
+async def test_listing_a_file_says_it_is_a_file(workdir: Path) -> None:
+    """Listing a file said "There is no directory 'notes.txt'.", as if nothing were there."""
+    (workdir / "notes.txt").write_text("notes")
+
+    with pytest.raises(ToolError) as refused:
+        await list_directory(workdir, "notes.txt")
+    with pytest.raises(ToolError) as missing:
+        await list_directory(workdir, "nothing")
+
+    assert str(refused.value) == "'notes.txt' is a file, not a directory."
+    assert str(missing.value) == "There is no directory 'nothing'."

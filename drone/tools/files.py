@@ -62,9 +62,10 @@ def _parts(root: Path, path: str, where: str) -> list[str]:
     return list(absolute.relative_to(root).parts)
 
 
-def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, str]:
-    """The open folder that holds what ``path`` names, and its name there (``"."`` for that
-    folder itself), with every symlink on the way followed inside ``root`` only. With
+def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, str, bool]:
+    """The open folder that holds what ``path`` names, its name there (``"."`` for that
+    folder itself), and whether the path ends in ``/`` or ``/.`` after that name (so it names
+    a folder). Every symlink on the way is followed inside ``root`` only. With
     ``make_folders``, missing folders on the way are made. The caller closes the folder."""
     pending = deque(_parts(root, path, path))
     if sum(part not in ("", ".", "..") for part in pending) > MAX_DEPTH + 1:
@@ -78,7 +79,7 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
             while pending and pending[0] in ("", "."):
                 pending.popleft()
             if not pending:
-                return os.dup(folders[-1]), "."
+                return os.dup(folders[-1]), ".", False
             part = pending.popleft()
             if part == "..":
                 if len(folders) == 1:
@@ -100,7 +101,7 @@ def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, st
                 pending.extendleft(reversed(_parts(root, path, target)))
                 continue
             if all(rest in ("", ".") for rest in pending):
-                return os.dup(folders[-1]), part
+                return os.dup(folders[-1]), part, bool(pending)
             if len(folders) > MAX_DEPTH:
                 raise ToolError(f"A path may go {MAX_DEPTH} folders deep at most.")
             folders.append(_enter(folders[-1], part, path, make_folders))
@@ -141,10 +142,13 @@ def _enter(parent: int, name: str, path: str, make: bool) -> int:
 
 def _open(root: Path, path: str, flags: int, *, make_folders: bool = False) -> int:
     """Open the file ``path`` names (no symlink, no blocking on a FIFO) and check what it is."""
-    if path.endswith("/"):
-        raise ToolError(f"{path!r} names a directory, not a file.")
-    folder, name = _walk(root, path, make_folders=make_folders)
+    refusal = ToolError(f"{path!r} names a directory, not a file.")
+    if path.endswith(("/", "/.")):  # refused before a folder is made on its way
+        raise refusal
+    folder, name, a_folder = _walk(root, path, make_folders=make_folders)
     try:
+        if a_folder:  # a symlink's target ending so
+            raise refusal
         flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         fd = os.open(name, flags, 0o644, dir_fd=folder)
     except FileNotFoundError:
@@ -202,11 +206,13 @@ async def read_file(workdir: Path, path: str, signal: AbortSignal | None = None)
 
 
 def _list(root: Path, path: str) -> str:
-    folder, name = _walk(root, path)
+    folder, name, _ = _walk(root, path)
     try:
         fd = os.open(name, DIRECTORY, dir_fd=folder)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         raise ToolError(f"There is no directory {path!r}.") from None
+    except NotADirectoryError:
+        raise ToolError(f"{path!r} is a file, not a directory.") from None
     except OSError as error:
         raise ToolError(f"The directory {path!r} cannot be read: {error.strerror}.") from None
     finally:
@@ -224,12 +230,20 @@ def _list(root: Path, path: str) -> str:
     finally:
         os.close(fd)
     entries.sort()
-    lines = [name + ("" if is_file else "/") for is_file, name in entries[:MAX_ENTRIES]]
+    lines = [_shown(name) + ("" if is_file else "/") for is_file, name in entries[:MAX_ENTRIES]]
     if unread:
         lines.append(f"[… more than {MAX_SCANNED - MAX_ENTRIES} more entries, not all read]")
     elif len(entries) > MAX_ENTRIES:
         lines.append(f"[… {len(entries) - MAX_ENTRIES} more entries]")
     return "\n".join(lines) or "(empty directory)"
+
+
+def _shown(name: str) -> str:
+    """A name as one line of a listing: one with a character that does not print (a newline,
+    a tab, an escape) quoted with Python's escapes, and so is one that starts with a quote, so
+    the two cannot be mistaken. A byte that is not UTF-8 is a U+FFFD, as in a file read."""
+    name = name.translate(NOT_UTF_8)
+    return repr(name) if not name.isprintable() or name.startswith(("'", '"')) else name
 
 
 async def list_directory(workdir: Path, path: str = ".", signal: AbortSignal | None = None) -> str:

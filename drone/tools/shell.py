@@ -4,7 +4,8 @@ The command runs in its own process group, inside a bubblewrap sandbox (``Sandbo
 one, in a PID namespace of its own where the machine allows it (``sandbox.unconfined()``), so
 everything it starts ends when it ends, when it is aborted and when the drone dies. On abort the
 whole group gets SIGTERM, then SIGKILL after a short grace. Its output is read in bounded chunks:
-the head and a short tail are kept, the rest is counted and dropped.
+the head and a short tail are kept, the rest is counted and dropped. A command that reaches its
+time limit is ended the same way, and its error keeps what it printed until then.
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ async def run_shell(
     except AbortTimeoutError:
         await kill_group(process)
         signal.throw_if_aborted()  # the person's abort, not the command's own time limit
-        raise ToolError(f"The command timed out after {seconds:g} s.") from None
+        await asyncio.wait({reader}, timeout=LINGER)  # what is still in the pipe
+        printed = output.text()
+        said = f"Its output until then:\n{printed}" if printed else "It printed nothing."
+        raise ToolError(f"The command timed out after {seconds:g} s. {said}") from None
     except BaseException:
         await kill_group(process)
         raise
