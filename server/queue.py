@@ -191,6 +191,17 @@ async def queued_count(db: Database, owner: str) -> int:
     return int(rows[0]["queued"])
 
 
+async def dated_after(db: Database, session_id: str, at: float) -> float:
+    """A new turn's date in its session: ``at`` (this relay's clock), or just after the
+    session's latest turn if that is dated later (another relay's clock running ahead): its
+    turns run, and its history grows, in the order they were taken."""
+    rows = await db.fetch(
+        "SELECT max(created_at) AS last FROM turns WHERE session_id = ?", session_id
+    )
+    last = rows[0]["last"]
+    return at if last is None or last < at else float(last) + 0.001
+
+
 async def interrupt_place(db: Database, session_id: str, turn: TurnRecord) -> float:
     """Where an interrupting turn goes in its session (its ``created_at``): next, a millisecond
     before the follow-ups queued there (between them and the last turn that started, if closer),

@@ -143,6 +143,10 @@ class TurnLifecycle(TurnEndings):
             messages=[ChatMessage(role="user", content=request.prompt)],
             request_id=request.request_id,
         )
+        if request.session_id is not None:
+            turn.created_at = await queue.dated_after(
+                self.store, session.session_id, turn.created_at
+            )
         now = turn.created_at
         if request.mode == "interrupt" and request.session_id is not None:
             turn.created_at = await queue.interrupt_place(self.store, session.session_id, turn)

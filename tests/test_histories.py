@@ -381,3 +381,33 @@ def test_a_drones_kept_histories_count_their_tool_calls_arguments_whole() -> Non
         return keeper.complete(order) is not None
 
     assert [kept(s) for s in ("s_one", "s_two", "s_three")] == [False, True, True]
+
+
+async def test_a_turn_dated_ahead_by_another_relays_clock_stays_before_the_next_one(
+    relay: RelayHandle,
+    browser: Browser,
+    start_drone: Callable[..., Any],
+    openai_peer: OpenAIPeer,
+) -> None:
+    """Each relay dates the turns it takes by its own clock. A turn taken by one whose clock
+    ran a minute ahead was dated after the next turn of its session, taken by a relay whose
+    clock was right: the next turn came first, and the model got its prompt before the
+    earlier exchange (the session's history is in the order of its turns' dates)."""
+    await start_drone(Upstream("openai", openai_peer))
+    openai_peer.script(Reply(chunks=["First answer."]), Reply(chunks=["Second answer."]))
+    first = await browser.submit("First question")
+    await browser.completion(first["turnId"])
+    store = relay.relay.store
+    await store.execute(  # as the relay a minute ahead stored it
+        "UPDATE turns SET created_at = created_at + 60 WHERE turn_id = ?", first["turnId"]
+    )
+
+    second = await browser.submit("Second question", sessionId=first["sessionId"])
+    await browser.completion(second["turnId"])
+
+    sent = openai_peer.requests[-1].messages
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "First question"), ("assistant", "First answer."), ("user", "Second question"),
+    ]  # fmt: skip
+    snapshot = await browser.call("openSession", {"sessionId": first["sessionId"]})
+    assert [t["prompt"] for t in snapshot["turns"]] == ["First question", "Second question"]
