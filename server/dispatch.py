@@ -35,7 +35,7 @@ from hangar.shared.wire import cut, whole_text
 
 from . import queue, session_tools
 from .background import Background
-from .directory import SENDS, DroneDirectory, DroneMoved
+from .directory import DRONE_CALL_TIMEOUT, SENDS, DroneDirectory, DroneMoved
 from .histories import Histories, could_be_too_large, too_large
 from .limits import QuietLog
 from .live_state import DroneRoute, LiveState
@@ -52,6 +52,9 @@ REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy, or left, this many times ends in error instead of waiting
 again (a drone that is stopping does not count: it gets no more work, the others may take it)."""
 REMEMBERED_STOPPING = 1000
+UNACCEPTED_AFTER = SENDS * DRONE_CALL_TIMEOUT + 5
+"""Seconds after its claim a turn no drone was seen to take has its order sent again: longer
+than the sendings of the relay that claimed it take, if it lives."""
 COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
@@ -95,6 +98,8 @@ class Dispatcher:
         self._woken = False
         self._cooling: dict[str, float] = {}
         self._stopping: OrderedDict[str, None] = OrderedDict()
+        self._resending: set[str] = set()
+        """Turns whose order is being sent again (``_resend_unaccepted``)."""
         """The instances of drones that said they are stopping: given nothing until they are
         gone (a drone started again under its name is a new instance)."""
         self._refusals: Counter[str] = Counter()
@@ -142,11 +147,17 @@ class Dispatcher:
             and route.instance not in self._stopping
         }
 
-    async def _start(self, turn: TurnRecord) -> None:
+    async def _note_accepted(self, turn_id: str) -> None:
+        try:
+            await queue.accepted(self.store, [turn_id])
+        except Exception as error:  # then it is sent again once: its drone answers as before
+            failures.warning("turn=%s not noted as taken (%s)", turn_id, error)
+
+    async def _start(self, turn: TurnRecord, resent: bool = False) -> None:
         """Send a claimed turn's work order to its drone; put it back in line if refused busy,
         or if the store or Redis failed before the drone had it."""
         try:
-            await self._hand_over(turn)
+            await self._hand_over(turn, resent)
         except Exception as error:
             failures.warning(
                 "work order not sent turn=%s (%s: %s); back in line",
@@ -155,6 +166,8 @@ class Dispatcher:
                 str(error)[:200],
             )
             await self._requeue_soon(turn.turn_id)
+        finally:
+            self._resending.discard(turn.turn_id)
 
     async def _requeue_soon(self, turn_id: str, attempt: int = 0) -> None:
         """Put a claimed turn back in line (or end it aborted, if its abort was asked), trying
@@ -168,25 +181,50 @@ class Dispatcher:
             return
         self.background.later(COOLING, self.dispatch)
 
-    async def _hand_over(self, turn: TurnRecord) -> None:
+    def tick(self) -> None:
+        """Every second (the reaper's sweep): dispatch, and send again what no drone took."""
+        self.wake()
+        self.background.spawn(self._resend_unaccepted())
+
+    async def _resend_unaccepted(self) -> None:
+        """Send again, to their drone if it is connected here, the orders of turns claimed
+        long ago that no drone was seen to take: their relay died after the claim, before it
+        sent them, say. A drone that has one answers as before, one that ran it says so."""
+        try:
+            rows = await self.store.fetch(queue.UNACCEPTED, time.time() - UNACCEPTED_AFTER)
+        except Exception as error:  # the store is down: the next second tries again
+            failures.warning("unaccepted turns not read (%s)", error)
+            return
+        for turn in map(TurnRecord.of, rows):
+            here = turn.drone_id is not None and self.directory.here(turn.drone_id) is not None
+            if here and turn.turn_id not in self._resending:
+                log.info("work order turn=%s sent again: no drone took it", turn.turn_id)
+                self._resending.add(turn.turn_id)
+                self.background.spawn(self._start(turn, resent=True))
+
+    async def _hand_over(self, turn: TurnRecord, resent: bool = False) -> None:
         assert self.endings is not None and turn.drone_id is not None
         turn.messages = [ChatMessage(role="user", content=turn.prompt)]
-        await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
+        if not resent:
+            await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
         route = await self.directory.route(turn.drone_id)
         if route is None:
             await self._back_in_line(turn, "The drone left before it got the work order.")
             return
         approved = await session_tools.approved_tools(self.store, turn.session_id)
         order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
+        order = order.model_copy(update={"resent": True}) if resent else order
         answer = await self._send(order, route)
         if order.history_base is not None and _refusal(answer) == HISTORY_MISS:
             self.histories.forget(route.drone_id, turn.session_id)  # it restarted: all of it
             order = await self.histories.order(turn, route.drone_id, False, approved)
+            order = order.model_copy(update={"resent": True}) if resent else order
             answer = await self._send(order, route)
         if isinstance(answer, dict) and answer.get("ok") is True:
             self._refusals.pop(turn.turn_id, None)
             self.histories.accepted(route.drone_id, order)
             self.endings.started(turn)
+            self.background.spawn(self._note_accepted(turn.turn_id))
             try:  # so that a person's abort finds it while the database does not answer
                 await self.live_state.note_turn(
                     turn.turn_id, turn.owner, turn.session_id, route.drone_id

@@ -262,11 +262,29 @@ async def request_abort(db: Database, turn_id: str, by: str) -> None:
     )
 
 
+UNACCEPTED = """
+    SELECT * FROM turns WHERE status = 'processing' AND accepted_at IS NULL AND started_at < ?
+"""
+"""Turns claimed longer ago than a sending takes whose drone was never seen to take them: their
+relay died between the claim and the order's sending, say (an index holds just these)."""
+
+
+async def accepted(db: Database, turn_ids: list[str]) -> None:
+    """Note that the turns' drone took their orders."""
+    for turn_id in turn_ids:
+        await db.execute(
+            "UPDATE turns SET accepted_at = ? WHERE turn_id = ? AND accepted_at IS NULL",
+            time.time(),
+            turn_id,
+        )
+
+
 async def requeue(db: Database, turn_id: str) -> bool:
     """Put a claimed turn back in line (its drone would not take it); not one whose abort was
     asked, which is to end aborted instead."""
     changed = await db.execute(
-        "UPDATE turns SET status = 'queued', drone_id = NULL, started_at = NULL"
+        "UPDATE turns SET status = 'queued', drone_id = NULL, started_at = NULL,"
+        " accepted_at = NULL"
         " WHERE turn_id = ? AND status = 'processing' AND abort_requested_by IS NULL",
         turn_id,
     )

@@ -80,7 +80,7 @@ class Relay:
                 log.info("running turns' text read from the database: %d", restored)
             self.background.spawn(running_text.write_forever(self.store, self.live_state))
         self.dispatcher.start(self.turns)
-        self.reaper.start(self.turns, self.dispatcher.wake)
+        self.reaper.start(self.turns, self.dispatcher.tick)
 
     async def close(self) -> None:
         self.reaper.close()

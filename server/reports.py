@@ -33,7 +33,7 @@ from hangar.shared.protocol import (
 )
 from hangar.shared.wire import status_of
 
-from . import sub_agents
+from . import queue, sub_agents
 from .accounts import Revocation
 from .closing import MessageRefused
 from .directory import DRONE_CALL_TIMEOUT, SENDS
@@ -113,6 +113,7 @@ class DroneReports:
         for turn_id in running:
             if turn_id in stored:  # a turn the store has on another drone is none of its
                 self.reaper.forget(turn_id)
+        await queue.accepted(self.store, [t for t in running if t in stored])
         await self.directory.join(route)
         now = time.time()
         for turn in stored.values():

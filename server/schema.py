@@ -268,6 +268,14 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
                 FROM json_each(body, '$.toolCalls'));
         """,
     },
+    # When the drone took a claimed turn's order: one claimed by a relay that died before it
+    # sent the order is found, and sent again (``queue.UNACCEPTED``).
+    """
+    ALTER TABLE turns ADD COLUMN accepted_at {real};
+    UPDATE turns SET accepted_at = started_at WHERE status = 'processing';
+    CREATE INDEX turns_unaccepted ON turns (started_at)
+        WHERE status = 'processing' AND accepted_at IS NULL;
+    """,
 ]
 
 

@@ -786,3 +786,34 @@ async def test_a_queued_order_survives_a_restart_of_a_relay_on_sqlite(
         ]
     finally:
         await runner.cleanup()
+
+
+async def test_a_turn_claimed_by_a_relay_that_died_before_sending_it_is_sent_again(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    start_drone: Callable[..., Any],
+    browsers: Callable[..., Any],
+) -> None:
+    """A relay claimed a turn for a drone connected to another relay and died before it sent
+    the order: the turn stayed processing on a drone that never heard of it, for ever (the
+    drone was there, so no sweep judged it lost). The relay that holds the drone sends the order
+    again once its sendings would have ended (docs/reliability.md)."""
+    openai_peer.script(Reply(chunks=["Sent ", "again."]))
+    drone = await start_drone(Upstream("openai", openai_peer))
+    alice: Browser = await browsers("alice")
+    owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_lost", owner, "A lost order"))
+    claimed = time.time() - 40  # as the relay that died left it
+    turn = TurnRecord(
+        "t_lost", "s_lost", owner, "Where did it go?", status="processing",
+        drone_id=drone.drone_id, created_at=claimed, started_at=claimed,
+        messages=[ChatMessage(role="user", content="Where did it go?")],
+    )  # fmt: skip
+    await store.create_turn(turn)
+    await alice.call("openSession", {"sessionId": "s_lost"})
+
+    assert await alice.completion("t_lost", timeout=10) == ("t_lost", True, "Sent again.")
+    assert len(openai_peer.requests) == 1  # once
+    ran = await store.get_turn("t_lost")
+    assert ran is not None and [m.role for m in ran.messages] == ["user", "assistant"]

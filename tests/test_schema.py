@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from hangar.server import queue
 from hangar.server.closing import MessageRefused
 from hangar.server.pg_guard import ForeignDatabase
 from hangar.server.postgres_store import PostgresTurnStore
@@ -321,7 +323,7 @@ async def test_a_turn_running_across_the_upgrade_that_stores_message_shapes_goes
     """Each message's role, the call it answers and the calls it makes are stored beside it
     (read from its body, a reply of 900 calls was parsed whole for each result): the messages
     stored before get them too, so the running turn's next result is checked as before."""
-    before = len(MIGRATIONS) - 1
+    before = next(n for n, script in enumerate(migrations("sqlite")) if "ADD COLUMN role" in script)
     calls = [{"id": f"c{n}", "name": "read_file", "arguments": "{}"} for n in (1, 2)]
     bodies = [
         {"role": "user", "content": "Hi"},
@@ -355,3 +357,28 @@ async def test_a_turn_running_across_the_upgrade_that_stores_message_shapes_goes
 
 def tool_result(call_id: str) -> ChatMessage:
     return ChatMessage(role="tool", content="two", tool_call_id=call_id, name="read_file")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_turn_running_across_the_upgrade_that_notes_acceptance_is_not_sent_again(
+    tmp_path: Path, postgres_url: str, kind: str
+) -> None:
+    """A relay sends again the orders of turns claimed long ago that no drone was seen to take
+    (``queue.UNACCEPTED``): those running when the store learnt to note it count as taken."""
+    before = next(n for n, script in enumerate(migrations("sqlite")) if "accepted_at" in script)
+    inserts: Inserts = [
+        ("INSERT INTO sessions (session_id, owner, title, created_at) VALUES (?, ?, ?, ?)",
+         [("s_1", "alice", "Old", 1.0)]),
+        ("INSERT INTO turns (turn_id, session_id, owner, prompt, status, created_at, drone_id,"
+         " started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         [("t_1", "s_1", "alice", "Hi", "processing", 2.0, "d1", 3.0)]),
+    ]  # fmt: skip
+    store = await old_store(kind, tmp_path, postgres_url, before, inserts)
+    await store.open()
+    try:
+        unaccepted = await store.fetch(queue.UNACCEPTED, time.time())
+        [running] = await store.fetch("SELECT accepted_at FROM turns")
+    finally:
+        await store.close()
+
+    assert unaccepted == [] and running["accepted_at"] == 3.0

@@ -409,7 +409,8 @@ async def test_text_a_relay_kept_past_the_ending_grows_the_cut_answer_instead_of
 
 
 async def used_bytes(store: TurnStore, location: Location) -> int:
-    """What the store's turns and messages take: SQLite's pages in use, PostgreSQL's tables."""
+    """What the store's turns and messages take: SQLite's pages in use, PostgreSQL's tables
+    (their rows and what is stored out of line, not their indexes, which hold no answer)."""
     if location.kind == "sqlite":
         sql = (
             "SELECT ((SELECT page_count FROM pragma_page_count())"
@@ -417,7 +418,7 @@ async def used_bytes(store: TurnStore, location: Location) -> int:
             " * (SELECT page_size FROM pragma_page_size()) AS used"
         )
     else:
-        sql = "SELECT pg_total_relation_size('turns') + pg_total_relation_size('messages') AS used"
+        sql = "SELECT pg_table_size('turns') + pg_table_size('messages') AS used"
     return int((await store.fetch(sql))[0]["used"])
 
 
