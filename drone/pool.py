@@ -24,6 +24,7 @@ from hangar.shared.abort import AbortCause, AbortSignal
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    CUT_OFF,
     DRONE_BUSY,
     DRONE_STOPPING,
     NO_SUCH_CALL,
@@ -91,6 +92,16 @@ class Assigned:
     its worker dies before it says so."""
     waiting: dict[str, tuple[ToolCall, int]] = field(default_factory=dict)
     """Its tool calls waiting for a person: call id -> (call, depth)."""
+
+
+def lost_ending(cause: AbortCause | None) -> tuple[bool, str, Ending]:
+    """How a turn ends whose worker died: as its abort (or the drone's stop) said, else in
+    error."""
+    if cause == "cut_off":  # the drone was cut off from its relays: as the worker would end it
+        return False, CUT_OFF, Ending(reason="drone_lost")
+    if cause in ABORT_REASONS:
+        return True, ABORTED, Ending(reason=ABORT_REASONS[cause])
+    return False, WORKER_STOPPED, Ending(reason="drone_failed")
 
 
 class WorkerPool:
@@ -290,10 +301,7 @@ class WorkerPool:
                 )
             stopping = self.root.reason.cause if self.root.reason is not None else None
             for turn_id in lost:  # "Abort signaled" was answered, or the drone stops: as said
-                if cause := self.running[turn_id].asked or stopping:
-                    await self._end(turn_id, True, ABORTED, Ending(reason=ABORT_REASONS[cause]))
-                else:
-                    await self._end(turn_id, False, WORKER_STOPPED, Ending(reason="drone_failed"))
+                await self._end(turn_id, *lost_ending(self.running[turn_id].asked or stopping))
             if self._closing or self.root.aborted:
                 return  # the drone is stopping: no new work order will come
             deaths = deaths + 1 if loop.time() - born < YOUNG else 0

@@ -389,10 +389,11 @@ async def _tell(listeners: list[Listener], revocation: Revocation) -> bool:
 def cookie_value(header: str, name: str) -> str | None:
     """The value of the cookie ``name`` in a ``Cookie`` header, read as aiohttp reads it for
     the page's routes: pairs split at ``;``, one another program wrote unreadably skipped, not
-    those after it (``http.cookies.SimpleCookie`` dropped them all)."""
+    those after it (``http.cookies.SimpleCookie`` dropped them all); of two, the last."""
+    found = None
     for pair in header.split(";"):
         key, sep, value = pair.partition("=")
         if sep and key.strip() == name:
             value = value.strip()
-            return value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
-    return None
+            found = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+    return found

@@ -52,9 +52,11 @@ REFUSALS_BEFORE_ERROR = 3
 """A turn drones refused as busy, or left, this many times ends in error instead of waiting
 again (a drone that is stopping does not count: it gets no more work, the others may take it)."""
 REMEMBERED_STOPPING = 1000
-UNACCEPTED_AFTER = SENDS * DRONE_CALL_TIMEOUT + 5
+UNACCEPTED_AFTER = 2 * SENDS * DRONE_CALL_TIMEOUT + 10
 """Seconds after its claim a turn no drone was seen to take has its order sent again: longer
-than the sendings of the relay that claimed it take, if it lives."""
+than the sendings of the relay that claimed it take if it lives (a history the drone lacked
+sent again included), and than relays' clocks differ. Then again every ``RESEND_EVERY``."""
+RESEND_EVERY = 10.0
 COOLING = 1.0
 """Seconds a drone that refused a turn as busy is given no other."""
 ANNOUNCE_EVERY = 0.1
@@ -98,8 +100,8 @@ class Dispatcher:
         self._woken = False
         self._cooling: dict[str, float] = {}
         self._stopping: OrderedDict[str, None] = OrderedDict()
-        self._resending: set[str] = set()
-        """Turns whose order is being sent again (``_resend_unaccepted``)."""
+        self._resending: dict[str, float] = {}
+        """Turns whose order was sent again (``_resend_unaccepted``): when to try again."""
         """The instances of drones that said they are stopping: given nothing until they are
         gone (a drone started again under its name is a new instance)."""
         self._refusals: Counter[str] = Counter()
@@ -147,9 +149,9 @@ class Dispatcher:
             and route.instance not in self._stopping
         }
 
-    async def _note_accepted(self, turn_id: str) -> None:
+    async def _note_accepted(self, drone_id: str, turn_id: str) -> None:
         try:
-            await queue.accepted(self.store, [turn_id])
+            await queue.accepted(self.store, drone_id, [turn_id])
         except Exception as error:  # then it is sent again once: its drone answers as before
             failures.warning("turn=%s not noted as taken (%s)", turn_id, error)
 
@@ -159,6 +161,9 @@ class Dispatcher:
         try:
             await self._hand_over(turn, resent)
         except Exception as error:
+            if resent:  # its drone may have it from the first sending: the next look tries again
+                failures.warning("work order not sent again turn=%s (%s)", turn.turn_id, error)
+                return
             failures.warning(
                 "work order not sent turn=%s (%s: %s); back in line",
                 turn.turn_id,
@@ -166,8 +171,6 @@ class Dispatcher:
                 str(error)[:200],
             )
             await self._requeue_soon(turn.turn_id)
-        finally:
-            self._resending.discard(turn.turn_id)
 
     async def _requeue_soon(self, turn_id: str, attempt: int = 0) -> None:
         """Put a claimed turn back in line (or end it aborted, if its abort was asked), trying
@@ -195,11 +198,13 @@ class Dispatcher:
         except Exception as error:  # the store is down: the next second tries again
             failures.warning("unaccepted turns not read (%s)", error)
             return
-        for turn in map(TurnRecord.of, rows):
+        now, turns = time.monotonic(), [TurnRecord.of(row) for row in rows]
+        self._resending = {t.turn_id: self._resending.get(t.turn_id, 0.0) for t in turns}
+        for turn in turns:
             here = turn.drone_id is not None and self.directory.here(turn.drone_id) is not None
-            if here and turn.turn_id not in self._resending:
+            if here and self._resending[turn.turn_id] <= now:
                 log.info("work order turn=%s sent again: no drone took it", turn.turn_id)
-                self._resending.add(turn.turn_id)
+                self._resending[turn.turn_id] = now + RESEND_EVERY
                 self.background.spawn(self._start(turn, resent=True))
 
     async def _hand_over(self, turn: TurnRecord, resent: bool = False) -> None:
@@ -209,7 +214,8 @@ class Dispatcher:
             await self.rooms.to_session(turn.session_id, TURN_STARTED, turn.view().wire())
         route = await self.directory.route(turn.drone_id)
         if route is None:
-            await self._back_in_line(turn, "The drone left before it got the work order.")
+            if not resent:  # else the sweep ends it, its drone gone
+                await self._back_in_line(turn, "The drone left before it got the work order.")
             return
         approved = await session_tools.approved_tools(self.store, turn.session_id)
         order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
@@ -224,7 +230,7 @@ class Dispatcher:
             self._refusals.pop(turn.turn_id, None)
             self.histories.accepted(route.drone_id, order)
             self.endings.started(turn)
-            self.background.spawn(self._note_accepted(turn.turn_id))
+            self.background.spawn(self._note_accepted(route.drone_id, turn.turn_id))
             try:  # so that a person's abort finds it while the database does not answer
                 await self.live_state.note_turn(
                     turn.turn_id, turn.owner, turn.session_id, route.drone_id
@@ -235,6 +241,9 @@ class Dispatcher:
         reason = _refusal(answer)
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
             log.info("work order turn=%s ran on its first sending", turn.turn_id)
+            return
+        if resent:  # nothing is undone of what the first sending may have started
+            log.info("work order turn=%s not taken again: %s", turn.turn_id, reason)
             return
         if reason == DRONE_STOPPING:
             self.stopping(route.instance)

@@ -237,10 +237,10 @@ async def interrupt_placed(db: Database, turn: TurnRecord) -> None:
         turn.created_at,
     )
     if started:
-        turn.created_at = now
+        turn.created_at = await dated_after(db, turn.session_id, now)
         await db.execute(
             "UPDATE turns SET created_at = ? WHERE turn_id = ? AND status = 'queued'",
-            now,
+            turn.created_at,
             turn.turn_id,
         )
     await db.execute(
@@ -269,13 +269,15 @@ UNACCEPTED = """
 relay died between the claim and the order's sending, say (an index holds just these)."""
 
 
-async def accepted(db: Database, turn_ids: list[str]) -> None:
-    """Note that the turns' drone took their orders."""
+async def accepted(db: Database, drone_id: str, turn_ids: list[str]) -> None:
+    """Note that ``drone_id`` took the turns' orders (while they are processing on it)."""
     for turn_id in turn_ids:
         await db.execute(
-            "UPDATE turns SET accepted_at = ? WHERE turn_id = ? AND accepted_at IS NULL",
+            "UPDATE turns SET accepted_at = ? WHERE turn_id = ? AND drone_id = ?"
+            " AND status = 'processing' AND accepted_at IS NULL",
             time.time(),
             turn_id,
+            drone_id,
         )
 
 

@@ -113,7 +113,7 @@ class DroneReports:
         for turn_id in running:
             if turn_id in stored:  # a turn the store has on another drone is none of its
                 self.reaper.forget(turn_id)
-        await queue.accepted(self.store, [t for t in running if t in stored])
+        await queue.accepted(self.store, route.drone_id, [t for t in running if t in stored])
         await self.directory.join(route)
         now = time.time()
         for turn in stored.values():

@@ -8,6 +8,7 @@ change, one session at a time (``sessionChanged``, ``sessionRemoved``), never th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -182,11 +183,11 @@ class Rooms:
         names = await self.accounts.names(owners - {viewer_id})
         waiting = await queue.queued_per_session(self.store, only)
         shown = {s.session_id for s in sessions}
-        approvals = {
-            turn.session_id: len(await self.live.waiting(turn.turn_id))
-            for turn in running
-            if turn.session_id in shown
-        }
+        approvals = {}
+        for turn in running:
+            if turn.session_id in shown:
+                with contextlib.suppress(Exception):  # Redis down: the list without them
+                    approvals[turn.session_id] = len(await self.live.waiting(turn.turn_id))
         return [
             s.view(
                 processing.get(s.session_id),

@@ -1127,8 +1127,8 @@ async def test_no_connection_takes_over_a_connected_drone(
 
 @pytest.mark.parametrize(
     "before",
-    ['prefs={"theme":"dark"}; ', "a=b c; ", 'x="unclosed; '],
-    ids=["json", "space", "quote"],
+    ['prefs={"theme":"dark"}; ', "a=b c; ", 'x="unclosed; ', f"{LOGIN_COOKIE}=an-old-login; "],
+    ids=["json", "space", "quote", "an-earlier-one-of-the-name"],
 )
 async def test_the_login_cookie_opens_the_socket_beside_anothers_unreadable_cookie(
     relay: RelayHandle, logins: Callable[..., Login], before: str
@@ -1136,7 +1136,8 @@ async def test_the_login_cookie_opens_the_socket_beside_anothers_unreadable_cook
     """Another program on the same host can set a cookie Python's ``SimpleCookie`` cannot
     read, and it then dropped every cookie after it: the page opened (aiohttp reads the
     header whole) but its socket was refused "Log in to continue.", so the page went to
-    /login, which sent it back to the page, 52 loads in 6 s, for ever."""
+    /login, which sent it back to the page, 52 loads in 6 s, for ever. Of two cookies of the
+    login's name, the socket reads the one the page's routes read (the last)."""
     await relay.relay.accounts.add_user("ada", PASSWORD)
     login = logins()
     assert (await login.post("/login", username="ada", password=PASSWORD))[0] == 303

@@ -24,13 +24,15 @@ import pytest
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone import watch
 from hangar.drone.pipes import frame
-from hangar.drone.pool import WORKER_STOPPED
+from hangar.drone.pool import WORKER_STOPPED, lost_ending
 from hangar.drone.tools.policy import ToolPolicy
 from hangar.server.reaper import DRONE_LOST
 from hangar.server.store import Ending, SessionRecord, TurnRecord
+from hangar.shared.abort import AbortCause
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
+    CUT_OFF,
     STOP_AFTER_STEP,
     TOOL_CANCELLED,
     ChatMessage,
@@ -785,3 +787,22 @@ async def test_a_command_reads_nothing_of_the_drones_keyring(
     [end] = [p for p in browser.progress(turn_id, "tool") if p["state"] == "end"]
     assert end["result"].startswith("exit code 0"), end["result"]
     assert SECRET not in end["result"], end["result"]
+
+
+@pytest.mark.parametrize(
+    ("cause", "ending"),
+    [
+        ("cut_off", (False, CUT_OFF, "drone_lost")),
+        ("person", (True, ABORTED, "aborted")),
+        ("operator", (True, ABORTED, "operator")),
+        (None, (False, WORKER_STOPPED, "drone_failed")),
+    ],
+)
+def test_a_turn_whose_worker_died_ends_as_its_abort_said(
+    cause: AbortCause | None, ending: tuple[bool, str, str]
+) -> None:
+    """A turn aborted because the drone was cut off from every relay, whose worker then died:
+    the pool's watch of that worker failed on the cause ("cut_off" has no aborted reason), the
+    worker was never replaced and the turn held its slot for good."""
+    success, message, end = lost_ending(cause)
+    assert (success, message, end.reason) == ending

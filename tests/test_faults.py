@@ -1340,3 +1340,40 @@ async def test_a_redis_that_runs_no_scripts_is_refused_as_the_relay_starts(
         ), refusal.value
     finally:
         redis.kill()
+
+
+async def test_the_sessions_list_answers_while_redis_is_down(
+    tmp_path: Path,
+    own_redis: OwnRedis,
+    openai_peer: OpenAIPeer,
+    start_drone_on: Callable[..., Any],
+) -> None:
+    """A session's line counts its running turn's calls waiting for approval, which Redis
+    keeps: with Redis down, a page of the list holding a running session failed whole."""
+    config = RelayConfig(
+        port=0,
+        database=str(tmp_path / "hangar.db"),
+        redis=own_redis.url,
+        drone_token=DRONE_TOKEN,
+        drone_grace=30.0,
+    )
+    runner, port = await start_relay(config)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        people = People(Accounts(runner.app[RELAY].store))
+        browser = await Browser(url, await people.token("ada")).connect()
+        openai_peer.script(SLOW)
+        await start_drone_on(url, Upstream("openai", openai_peer))
+        ack = await browser.submit("Keep running")
+        await browser.wait_text(ack["turnId"], pieces=2, timeout=10)
+
+        own_redis.kill()
+        page = await browser.call("listSessions", {})
+
+        assert page["ok"] is True, page
+        assert [
+            (s["sessionId"], s["processingTurnId"], s["approvals"]) for s in page["sessions"]
+        ] == [(ack["sessionId"], ack["turnId"], 0)]
+        await browser.close()
+    finally:
+        await runner.cleanup()

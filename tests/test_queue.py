@@ -804,7 +804,7 @@ async def test_a_turn_claimed_by_a_relay_that_died_before_sending_it_is_sent_aga
     owner = (await relay.relay.accounts.user("alice")).user_id  # type: ignore[union-attr]
     store = relay.relay.store
     await store.create_session(SessionRecord("s_lost", owner, "A lost order"))
-    claimed = time.time() - 40  # as the relay that died left it
+    claimed = time.time() - 70  # as the relay that died left it, a minute ago
     turn = TurnRecord(
         "t_lost", "s_lost", owner, "Where did it go?", status="processing",
         drone_id=drone.drone_id, created_at=claimed, started_at=claimed,

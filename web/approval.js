@@ -20,9 +20,10 @@ const COUNT = new Intl.NumberFormat("en");
  * would put the end of a command out of the card's box). */
 const BLANK_RUN = 3;
 const BLANK = /^[ \t]*$/;
-/** A run of spaces or tabs this long, within a line, is drawn as one marked span. */
-const SPACE_RUN = /([ \t]{32,})/;
-const SPACES = (run) => (/^\t+$/.test(run) ? "tabs" : run.includes("\t") ? "spaces and tabs" : "spaces");
+/** A run this long of characters drawn blank (spaces, tabs, no-break and wide spaces, blank
+ * letters), within a line, is drawn as one marked span. */
+const SPACE_RUN = /((?:[^\S\n]|[\u115f\u1160\u2800\u3164\uffa0]){32,})/u;
+const SPACES = (run) => (/^ +$/.test(run) ? "spaces" : /^\t+$/.test(run) ? "tabs" : "blank characters");
 /** A command of more lines than this (about what the card's box shows) says how many it has. */
 const MANY_LINES = 10;
 
@@ -64,8 +65,8 @@ function shownLines(text) {
   return { nodes, blank };
 }
 
-/** A line's nodes, a long run of spaces or tabs in it as one marked span: what follows such a
- * run (`; rm -rf ~` after a screen of spaces, say) stays in sight. */
+/** A line's nodes, a long blank run in it as one marked span: what follows such a run
+ * (`; rm -rf ~` after a screen of spaces, say) stays in sight. */
 function spacedOut(line) {
   return line.split(SPACE_RUN).flatMap((part, n) =>
     n % 2

@@ -742,12 +742,16 @@ async def test_a_long_run_of_spaces_in_a_command_does_not_push_its_end_out_of_si
         await open_hangar(page, relay)
         turn = await submit(page, "Build it")
         turn_id = await drone.next_order()
-        command = "echo building project" + " " * 5_000 + "; touch HIDDEN\n\t\t" + "\t" * 40 + "x"
+        command = (
+            "echo building project" + " " * 5_000 + "; touch HIDDEN\n\t\t" + "\t" * 40 + "x\n"
+            "echo" + "\u00a0\u3000" * 20 + "; rm -rf ~"  # no-break and wide spaces: words to sh
+        )
         await waiting(drone, turn_id, "c1", "run_shell", command=command)
 
         code = turn.locator(".approval .approval-code")
         await expect(code).to_have_text(
-            "echo building project⟨5,000 spaces⟩; touch HIDDEN\n⟨42 tabs⟩x"
+            "echo building project⟨5,000 spaces⟩; touch HIDDEN\n⟨42 tabs⟩x\n"
+            "echo⟨40 blank characters⟩; rm -rf ~"
         )
         box = await turn.locator(".approval").bounding_box()
         end = await code.locator(".blank-lines").first.bounding_box()
