@@ -100,10 +100,10 @@ class Dispatcher:
         self._woken = False
         self._cooling: dict[str, float] = {}
         self._stopping: OrderedDict[str, None] = OrderedDict()
+        """The instances of drones that said they are stopping, or whose token was revoked:
+        given nothing until they are gone (one started again under its name is a new one)."""
         self._resending: dict[str, float] = {}
         """Turns whose order was sent again (``_resend_unaccepted``): when to try again."""
-        """The instances of drones that said they are stopping: given nothing until they are
-        gone (a drone started again under its name is a new instance)."""
         self._refusals: Counter[str] = Counter()
         self._announced: dict[str, Place] = {}
         self._announce_pending = False
