@@ -24,7 +24,6 @@ from hangar.shared.abort import AbortCause, AbortSignal
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
     ABORTED,
-    CUT_OFF,
     DRONE_BUSY,
     DRONE_STOPPING,
     NO_SUCH_CALL,
@@ -39,7 +38,7 @@ from hangar.shared.protocol import (
 from .histories import MAX_SESSIONS
 from .outbox import relog
 from .pipes import FrameError, WorkerProcess, frame, frame_bytes, read_frame
-from .service import ABORT_REASONS, AbortMode, abort_early, remember
+from .service import AbortMode, abort_early, abort_outcome, remember
 from .verdicts import Verdicts
 from .watch import silent, watch
 
@@ -95,13 +94,12 @@ class Assigned:
 
 
 def lost_ending(cause: AbortCause | None) -> tuple[bool, str, Ending]:
-    """How a turn ends whose worker died: as its abort (or the drone's stop) said, else in
-    error."""
-    if cause == "cut_off":  # the drone was cut off from its relays: as the worker would end it
-        return False, CUT_OFF, Ending(reason="drone_lost")
-    if cause in ABORT_REASONS:
-        return True, ABORTED, Ending(reason=ABORT_REASONS[cause])
-    return False, WORKER_STOPPED, Ending(reason="drone_failed")
+    """How a turn ends whose worker died: as its abort (or the drone's stop) would have ended
+    it, else in error."""
+    if cause is None:
+        return False, WORKER_STOPPED, Ending(reason="drone_failed")
+    success, message, reason = abort_outcome(cause)
+    return success, message, Ending(reason=reason)
 
 
 class WorkerPool:

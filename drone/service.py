@@ -283,6 +283,13 @@ def abort_early(
     return (True, ABORT_SIGNALED) if early[turn_id] == "now" else (True, STOP_AFTER_STEP)
 
 
+def abort_outcome(cause: AbortCause) -> tuple[bool, str, EndReason]:
+    """How a work order aborted for ``cause`` ends: (success, message, reason)."""
+    if cause == "cut_off":  # out of touch with every relay: stopped, not aborted by anyone
+        return False, CUT_OFF, "drone_lost"
+    return True, ABORTED, ABORT_REASONS.get(cause, "aborted")
+
+
 def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool, str, EndReason]:
     """How a work order that raised ``error`` ends: (success, message, reason)."""
     if isinstance(error, AbortTimeoutError):
@@ -294,9 +301,9 @@ def _outcome(error: Exception, turn_id: str, signal: AbortSignal) -> tuple[bool,
             return False, STALLED, "stalled"
         if error.cause == "cut_off":
             log.warning("out of touch with every relay turn=%s: stopped", turn_id)
-            return False, CUT_OFF, "drone_lost"
-        log.info("aborted turn=%s by=%s", turn_id, error.cause)
-        return True, ABORTED, ABORT_REASONS.get(error.cause, "aborted")
+        else:
+            log.info("aborted turn=%s by=%s", turn_id, error.cause)
+        return abort_outcome(error.cause)
     if isinstance(error, ProviderError):
         log.warning("provider failed turn=%s: %s", turn_id, error)
         return False, str(error), "model_failed"

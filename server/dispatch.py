@@ -219,13 +219,11 @@ class Dispatcher:
             return
         approved = await session_tools.approved_tools(self.store, turn.session_id)
         order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
-        order = order.model_copy(update={"resent": True}) if resent else order
-        answer = await self._send(order, route)
+        answer = await self._send(order, route, resent)
         if order.history_base is not None and _refusal(answer) == HISTORY_MISS:
             self.histories.forget(route.drone_id, turn.session_id)  # it restarted: all of it
             order = await self.histories.order(turn, route.drone_id, False, approved)
-            order = order.model_copy(update={"resent": True}) if resent else order
-            answer = await self._send(order, route)
+            answer = await self._send(order, route, resent)
         if isinstance(answer, dict) and answer.get("ok") is True:
             self._refusals.pop(turn.turn_id, None)
             self.histories.accepted(route.drone_id, order)
@@ -254,7 +252,9 @@ class Dispatcher:
             refusal = reason or "The drone refused the work order."
             await self.endings.end_turn(turn.turn_id, Ending("error", refusal, "drone_failed"))
 
-    async def _send(self, order: WorkOrder, route: DroneRoute) -> Any:
+    async def _send(self, order: WorkOrder, route: DroneRoute, resent: bool = False) -> Any:
+        """The drone's answer to ``order`` (``resent``: sent before, as its later sendings are)."""
+        order = order.model_copy(update={"resent": True}) if resent else order
         if could_be_too_large(order) and (refusal := await asyncio.to_thread(too_large, order)):
             log.info("work order turn=%s not sent: %s", order.turn_id, refusal)
             return {"ok": False, "error": refusal}  # the drone's connection would close

@@ -199,16 +199,16 @@ class DroneReports:
         elif isinstance(event, ToolActivity):
             # A call waiting for a person is kept, so a page opened now shows it too.
             waiting = event.wire() if event.state == "waiting" else None
-            new = waiting is not None and event.call_id not in live.waiting
-            if new and len(live.waiting) >= MOST_WAITING:
-                refusals.warning("too many calls waiting turn=%s", event.turn_id)
-                return {"ok": False, "error": TOO_MANY_WAITING}
             if waiting is None:
-                new = live.waiting.pop(event.call_id, None) is not None
+                changed = live.waiting.pop(event.call_id, None) is not None
             else:
+                changed = event.call_id not in live.waiting
+                if changed and len(live.waiting) >= MOST_WAITING:
+                    refusals.warning("too many calls waiting turn=%s", event.turn_id)
+                    return {"ok": False, "error": TOO_MANY_WAITING}
                 live.waiting[event.call_id] = waiting
             await self.live_state.set_waiting(event.turn_id, event.call_id, waiting)
-            if new:  # the session's line says how many calls wait for its person
+            if changed:  # the session's line says how many calls wait for its person
                 self.rooms.moved(live.session_id)
         kept = None if isinstance(event, MessageAdded) else sub_agents.kept_event(payload)
         if kept is not None and (number := await self._keep(event.turn_id, kept)):
