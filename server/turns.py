@@ -210,11 +210,7 @@ class TurnLifecycle(TurnEndings):
             return False, NO_ACTIVE_WORK_ORDER
         if request.mode == "now":  # "after this step" once the drone says it will
             self._asked(turn.turn_id, viewer)
-        route = self.directory.here(turn.drone_id or "") or (
-            await self.live_state.drone_settled(turn.drone_id, self.abort_answer)
-            if turn.drone_id
-            else None
-        )
+        route = await self._drone_route(turn.drone_id)
         if route is None:
             # Its drone is away (maybe coming back): the abort is honoured now, and the drone
             # is told when it is heard from again (the turn has ended by then).
@@ -335,6 +331,15 @@ class TurnLifecycle(TurnEndings):
             log.warning("could not end turn=%s now: %s", turn_id, brief(error))
             return True, ABORT_SIGNALED
 
+    async def _drone_route(self, drone_id: str | None) -> DroneRoute | None:
+        """Where a turn's drone is, waiting (up to ``abort_answer``) for its entry when Redis
+        has just come back empty and its relay has yet to write it again."""
+        if drone_id is None:
+            return None
+        return self.directory.here(drone_id) or (
+            await self.live_state.drone_settled(drone_id, self.abort_answer)
+        )
+
     async def approve(self, viewer: User, answer: ToolApproval) -> dict[str, Any]:
         """Take a person's answer to a tool call of theirs waiting for approval to the drone
         (through another relay if it is connected there)."""
@@ -347,7 +352,7 @@ class TurnLifecycle(TurnEndings):
         call = calls.get(answer.call_id)
         if turn.status != "processing" or call is None:
             return {"ok": False, "error": NO_SUCH_CALL}
-        route = await self.directory.route(turn.drone_id or "")
+        route = await self._drone_route(turn.drone_id)
         if route is None:
             return {"ok": False, "error": DRONE_AWAY}
         try:
