@@ -36,6 +36,15 @@ MAX_ADDRESS_FAILURES = 20
 PRUNE_EVERY = 60.0
 """Seconds between removals of failed logins older than ``FAILURE_WINDOW``."""
 API_TOKEN_PREFIX = "hgt_"
+REVOKED_DRONE_TOKEN = "DELETE FROM drone_tokens WHERE name = ? AND revoked_at IS NOT NULL"
+NEW_USER = (
+    "INSERT INTO users (user_id, name, name_key, password_hash, role, created_at)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+NEW_DRONE_TOKEN = (
+    "INSERT INTO drone_tokens (name, name_key, token_hash, created_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)  # each refused by a name taken in another case (``name_key``), also by one given meanwhile
 
 
 def user_key(name: str) -> str:
@@ -92,15 +101,10 @@ class Accounts:
         await self.check_new_name(name)
         hashed = await hash_password(password) if password is not None else None
         user = User(f"u_{secrets.token_hex(8)}", name, role, time.time(), hashed is not None)
-        await self.db.execute(
-            "INSERT INTO users (user_id, name, password_hash, role, created_at)"
-            " VALUES (?, ?, ?, ?, ?)",
-            user.user_id,
-            name,
-            hashed,
-            role,
-            user.created_at,
-        )
+        values = (user.user_id, name, name.lower(), hashed, role, user.created_at)
+        if not await self.db.execute(NEW_USER, *values):  # given meanwhile, in some case
+            await self.check_new_name(name)
+            raise AccountError(f"A user named {name!r} already exists.")
         return user
 
     async def check_new_name(self, name: str) -> None:
@@ -282,13 +286,10 @@ class Accounts:
                 f"The drone {rows[0]['name']!r} has a token already; revoke it first."
             )
         token = f"{DRONE_TOKEN_PREFIX}{name}.{secrets.token_urlsafe(32)}"
-        await self.db.execute("DELETE FROM drone_tokens WHERE name = ?", name)
-        await self.db.execute(
-            "INSERT INTO drone_tokens (name, token_hash, created_at) VALUES (?, ?, ?)",
-            name,
-            token_hash(token),
-            time.time(),
-        )
+        await self.db.execute(REVOKED_DRONE_TOKEN, name)  # not one made meanwhile
+        values = (name, name.lower(), token_hash(token), time.time())
+        if not await self.db.execute(NEW_DRONE_TOKEN, *values):  # one was made meanwhile
+            return await self.create_drone_token(name)  # says so
         return token
 
     async def drone_tokens(self) -> list[DroneToken]:

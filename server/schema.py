@@ -276,6 +276,21 @@ MIGRATIONS: list[str | dict[Dialect, str]] = [
     CREATE INDEX turns_unaccepted ON turns (started_at)
         WHERE status = 'processing' AND accepted_at IS NULL;
     """,
+    # One person, and one drone with a token, per name in any case, also when two are added at
+    # once (the name's check and the insert are two statements). Names that already differ only
+    # in case, from before such names were refused, keep no key: both still log in.
+    """
+    ALTER TABLE users ADD COLUMN name_key TEXT;
+    UPDATE users SET name_key = lower(name) WHERE NOT EXISTS (SELECT 1 FROM users AS other
+        WHERE lower(other.name) = lower(users.name) AND other.user_id <> users.user_id);
+    CREATE UNIQUE INDEX users_one_per_key ON users (name_key);
+    ALTER TABLE drone_tokens ADD COLUMN name_key TEXT;
+    UPDATE drone_tokens SET name_key = lower(name) WHERE NOT EXISTS (
+        SELECT 1 FROM drone_tokens AS other WHERE lower(other.name) = lower(drone_tokens.name)
+        AND other.name <> drone_tokens.name AND other.revoked_at IS NULL);
+    CREATE UNIQUE INDEX drone_tokens_one_per_key ON drone_tokens (name_key)
+        WHERE revoked_at IS NULL;
+    """,
 ]
 
 

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from hangar.server import queue
+from hangar.server.accounts import AccountError, Accounts
 from hangar.server.closing import MessageRefused
 from hangar.server.pg_guard import ForeignDatabase
 from hangar.server.postgres_store import PostgresTurnStore
@@ -382,3 +383,40 @@ async def test_a_turn_running_across_the_upgrade_that_notes_acceptance_is_not_se
         await store.close()
 
     assert unaccepted == [] and running["accepted_at"] == 3.0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_names_that_differ_only_in_case_from_before_they_were_refused_keep_working(
+    tmp_path: Path, postgres_url: str, kind: str
+) -> None:
+    """One name per person and per drone token in any case is now kept by the store itself
+    (``name_key``); people and tokens added before such names were refused keep theirs, and a
+    third spelling is still refused."""
+    before = next(n for n, script in enumerate(migrations("sqlite")) if "name_key" in script)
+    inserts: Inserts = [
+        ("INSERT INTO users (user_id, name, role, created_at) VALUES (?, ?, ?, ?)",
+         [("u_1", "ALICE", "member", 1.0), ("u_2", "alice", "member", 2.0),
+          ("u_3", "bob", "member", 3.0)]),
+        ("INSERT INTO drone_tokens (name, token_hash, created_at) VALUES (?, ?, ?)",
+         [("laptop", "h1", 1.0), ("Laptop", "h2", 2.0)]),
+    ]  # fmt: skip
+    store = await old_store(kind, tmp_path, postgres_url, before, inserts)
+    await store.open()
+    accounts = Accounts(store)
+    try:
+        people = [user.name for user in await accounts.users()]
+        with pytest.raises(AccountError, match="already exists"):
+            await accounts.add_user("Alice", None)
+        with pytest.raises(AccountError, match="already exists"):
+            await accounts.add_user("BOB", None)
+        with pytest.raises(AccountError, match="has a token already"):
+            await accounts.create_drone_token("LAPTOP")
+        await accounts.revoke_drone_token("laptop")
+        await accounts.revoke_drone_token("Laptop")
+        token = await accounts.create_drone_token("LapTop")
+        drone = await accounts.drone_of(token)
+    finally:
+        await store.close()
+
+    assert sorted(people) == ["ALICE", "alice", "bob"]
+    assert drone == "LapTop"

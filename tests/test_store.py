@@ -13,6 +13,7 @@ from typing import TypeVar, cast
 import pytest
 
 from hangar.server import running_text
+from hangar.server.accounts import AccountError, Accounts, User
 from hangar.server.closing import MessageRefused
 from hangar.server.histories import session_history
 from hangar.server.live_state import LocalLiveState
@@ -791,4 +792,43 @@ async def test_a_running_turns_text_is_written_as_it_grows_read_back_whole_and_d
     assert [(m.role, m.content) for m in stored.messages] == [
         ("user", "Hi"),
         ("assistant", (whole + "!").replace("\x00", nul)),
+    ]
+
+
+async def test_two_people_added_at_once_under_one_name_in_two_cases_are_one_person(
+    store: TurnStore,
+) -> None:
+    """Two ``hangar user add`` at once, "Zed" and "ZED": both names were checked before either
+    was stored, and two people a colleague could not tell apart were made."""
+    accounts = Accounts(store)
+    added = await asyncio.gather(
+        accounts.add_user("Zed", "first password"),
+        accounts.add_user("ZED", "second password"),
+        accounts.add_user("zed", None),
+        return_exceptions=True,
+    )
+
+    refused = [str(outcome) for outcome in added if isinstance(outcome, AccountError)]
+    [person] = [outcome for outcome in added if isinstance(outcome, User)]
+    assert [user.name for user in await accounts.users()] == [person.name]
+    assert len(refused) == 2 and all(f"named {person.name!r} already" in r for r in refused)
+
+
+async def test_two_drone_tokens_made_at_once_for_one_name_leave_one_that_works(
+    store: TurnStore,
+) -> None:
+    """Made at once for "laptop" and "Laptop", each was printed as the drone's token, and two
+    look-alike drones could connect; for "laptop" twice, one removed the other's."""
+    accounts = Accounts(store)
+    made = await asyncio.gather(
+        *(accounts.create_drone_token(name) for name in ["laptop", "Laptop", "laptop"]),
+        return_exceptions=True,
+    )
+
+    [token] = [outcome for outcome in made if isinstance(outcome, str)]
+    refused = [str(outcome) for outcome in made if isinstance(outcome, AccountError)]
+    assert len(refused) == 2 and all("has a token already" in r for r in refused)
+    assert await accounts.drone_of(token) is not None
+    assert [t.name for t in await accounts.drone_tokens() if t.revoked_at is None] == [
+        await accounts.drone_of(token)
     ]
