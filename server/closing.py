@@ -29,6 +29,7 @@ ANSWERS_NO_CALL = "This tool result answers no call of the turn."
 CALLS_UNANSWERED = "The turn's tool calls need their results before the next message."
 SAME_CALL_ID = "Two tool calls of the message have one id."
 SAYS_NOTHING = "An assistant message needs its text or its tool calls."
+NOT_A_RESULT = "Only a tool result answers a call, and a tool result makes no calls."
 
 Shape = tuple[str, str | None, str, int | None]
 """What the order of a conversation depends on in a message: its role, the call it answers, the
@@ -56,9 +57,9 @@ def unstored(
     """Of a drone's numbered messages, those a turn whose messages are ``stored`` (its user
     message first) lacks, with their numbers: one sent again after a lost answer is stored
     once. A message that would not follow the turn's conversation (a tool result that answers
-    no waiting call, the model speaking before its calls have their results or saying
-    nothing, a person's or system message) raises ``MessageRefused``: the history stays one a
-    model accepts."""
+    no waiting call or makes calls, the model speaking before its calls have their results,
+    answering a call or saying nothing, a person's or system message) raises
+    ``MessageRefused``: the history stays one a model accepts."""
     waiting: set[str] = set()  # the calls of the last message that makes any, unanswered
     for role, answers, calls, _ in stored:
         if role == "tool":
@@ -73,6 +74,8 @@ def unstored(
         if number is not None and (number in numbers or (not numbers and number < count - 1)):
             continue
         ids = [call.id for call in message.tool_calls or ()]
+        if (message.role == "tool" and ids) or (message.role != "tool" and message.tool_call_id):
+            raise MessageRefused(NOT_A_RESULT)
         if message.role == "tool":
             if message.tool_call_id not in waiting:
                 raise MessageRefused(ANSWERS_NO_CALL)

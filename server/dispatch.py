@@ -220,7 +220,7 @@ class Dispatcher:
         approved = await session_tools.approved_tools(self.store, turn.session_id)
         order = await self.histories.order(turn, route.drone_id, route.history_cache, approved)
         answer = await self._send(order, route, resent)
-        if order.history_base is not None and _refusal(answer) == HISTORY_MISS:
+        if order.history_base is not None and drone_refusal(answer) == HISTORY_MISS:
             self.histories.forget(route.drone_id, turn.session_id)  # it restarted: all of it
             order = await self.histories.order(turn, route.drone_id, False, approved)
             answer = await self._send(order, route, resent)
@@ -236,7 +236,7 @@ class Dispatcher:
             except Exception as error:
                 failures.warning("turn=%s not noted in Redis (%s)", turn.turn_id, error)
             return
-        reason = _refusal(answer)
+        reason = drone_refusal(answer)
         if reason == RAN_ALREADY:  # it had the first sending: its completion ends the turn
             log.info("work order turn=%s ran on its first sending", turn.turn_id)
             return
@@ -375,7 +375,7 @@ REFUSAL_CHARS = 4_000
 """The most of a drone's refusal kept as its turn's result (a drone's own results are as long)."""
 
 
-def _refusal(answer: Any) -> str:
+def drone_refusal(answer: Any) -> str:
     """A drone's reason for not taking an order, as text a turn's result may hold: not a string
     (or nothing to read) is no reason, half a surrogate pair is U+FFFD, a long one is cut."""
     error = answer.get("error") if isinstance(answer, dict) else None

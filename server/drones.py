@@ -50,6 +50,7 @@ INVALID_TOKEN = "Invalid drone token."
 TOKEN_REVOKED = "The drone's token was revoked."
 OWN_TOKEN = "The drone {} has a token of its own; connect with that token."
 UNREADABLE_ENDING = "The drone reported this turn's end in a form the relay cannot take:"
+WRONG_ARGUMENTS = "Invalid payload (expected turnId, success, message and an ending)."
 
 
 class DroneConnection:
@@ -79,10 +80,7 @@ class DroneConnection:
 
     def complete(self, *args: Any) -> asyncio.Future[dict[str, Any]] | dict[str, Any]:
         if len(args) not in (3, 4):
-            return {
-                "ok": False,
-                "error": "Invalid payload (expected turnId, success, message and an ending).",
-            }
+            return self._unreadable(args, WRONG_ARGUMENTS)
         try:
             completion = Completion(
                 turn_id=args[0],
@@ -105,6 +103,9 @@ class DroneConnection:
         not send it again, and the turn must not stay processing. One whose bundled messages
         alone are at fault is only refused: the drone sends them again one at a time."""
         ending = args[3] if len(args) == 4 else None
+        turn_id = args[0] if args else None
+        if isinstance(turn_id, dict):  # all in one object: its turn still ends
+            turn_id = turn_id.get("turnId")
         if isinstance(ending, dict) and "messages" in ending:
             alone = {key: value for key, value in ending.items() if key != "messages"}
             with contextlib.suppress(ValidationError):
@@ -112,7 +113,7 @@ class DroneConnection:
                 return {"ok": False, "error": why}
         try:
             instead = Completion(
-                turn_id=args[0],
+                turn_id=turn_id,
                 success=False,
                 message=cut(f"{UNREADABLE_ENDING} {why}", 2000),
                 ending=DronesEnding(reason="drone_failed"),

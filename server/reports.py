@@ -287,9 +287,9 @@ class DroneReports:
         reason: EndReason = (
             completion.ending.reason if completion.ending is not None else _reason_of(status)
         )
-        if (status_of(reason) == "error") != (status == "error"):  # success and reason disagree
-            log.info("turn=%s failed, not for %s as its drone said", completion.turn_id, reason)
-            reason = _reason_of(status)
+        if (status_of(reason) == "error") != (status == "error") or reason in RELAYS_OWN:
+            log.info("turn=%s ended, not for %s as its drone said", completion.turn_id, reason)
+            reason = _reason_of(status)  # success and reason disagree, or a relay's reason
         status = status_of(reason)  # an answer that reads "aborted" is no abort
         by = self.turns.abort_asked_by.get(completion.turn_id) if reason == "aborted" else None
         if reason == "aborted" and by is None:  # asked through another relay
@@ -324,6 +324,10 @@ class DroneReports:
         live = LiveTurn(turn_id, turn.session_id, turn.owner, drone_id)
         live.said, live.units = len(text), utf16_length(text)
         return self.live.setdefault(turn_id, live)
+
+
+RELAYS_OWN: tuple[EndReason, ...] = ("unanswered", "removed", "relay_restarted")
+"""Why only a relay ends a turn (docs/protocol.md): a drone that says so is not believed."""
 
 
 def refused(drone_id: str, turn_id: str, refusal: MessageRefused) -> dict[str, Any]:

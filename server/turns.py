@@ -44,7 +44,7 @@ from hangar.shared.wire import cut, shows
 from . import queue, session_tools
 from .accounts import User
 from .directory import DroneDirectory
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, drone_refusal
 from .endings import TurnEndings, brief
 from .live_state import DroneRoute, LiveState, LiveTurn
 from .metrics import RelayMetrics
@@ -369,10 +369,8 @@ class TurnLifecycle(TurnEndings):
             except Exception as error:
                 log.warning("always not kept turn=%s (%s)", turn.turn_id, brief(error))
         log.info("tool call %s turn=%s approve=%s", answer.call_id, turn.turn_id, answer.approve)
-        return {
-            "ok": result["ok"],
-            **({"error": str(result.get("error"))} if not result["ok"] else {}),
-        }
+        refusal = {} if result["ok"] else {"error": drone_refusal(result) or NO_SUCH_CALL}
+        return {"ok": result["ok"], **refusal}
 
 
 def _quietly(task: asyncio.Future[Any]) -> None:

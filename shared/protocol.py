@@ -329,7 +329,7 @@ class MessageAdded(Wire):
     kind: Literal["message"] = "message"
     turn_id: Id
     message: ChatMessage
-    number: MessageNumber | None = None
+    number: MessageNumber
     """Its place among the turn's messages (0 first): one sent again (ack lost) is stored once."""
 
 

@@ -29,8 +29,10 @@ class HandDrone:
         self.sio = socketio.AsyncClient(reconnection=False)
         self.orders: asyncio.Queue[str] = asyncio.Queue()
         self.abort_answer = (True, "Abort signaled")
+        self.approval_answer: Any = {"ok": True}
         self.sio.on("workOrder", self.on_work_order, namespace=DRONE_NAMESPACE)
         self.sio.on("abortWorkOrder", self.on_abort, namespace=DRONE_NAMESPACE)
+        self.sio.on("approveToolCall", self.on_approve, namespace=DRONE_NAMESPACE)
 
     async def connect(self, url: str) -> HandDrone:
         await self.sio.connect(
@@ -44,6 +46,12 @@ class HandDrone:
 
     async def on_abort(self, order: dict[str, Any]) -> tuple[bool, str]:
         return self.abort_answer
+
+    async def on_approve(self, answer: dict[str, Any]) -> Any:
+        return self.approval_answer
+
+    async def report(self, event: dict[str, Any]) -> Any:
+        return await self.sio.call("workOrderProgress", event, namespace=DRONE_NAMESPACE)
 
     async def message(self, turn_id: str, number: int, message: dict[str, Any]) -> Any:
         event = {"kind": "message", "turnId": turn_id, "number": number, "message": message}
@@ -161,6 +169,136 @@ async def test_an_ending_the_relay_cannot_take_ends_the_turn_in_error_not_never(
     assert success is False and result.startswith(UNREADABLE_ENDING) and why in result
     assert (await browser.ending(turn_id))["reason"] == "drone_failed"
     assert await stored(browser, ack["sessionId"]) == [("user", "Write an essay")]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        lambda turn: (turn, True),
+        lambda turn: (turn, True, "done", {"reason": "finished"}, "more"),
+        lambda turn: ({"turnId": turn, "success": True, "message": "done"},),
+    ],
+    ids=["two", "five", "one object"],
+)
+async def test_an_ending_with_the_wrong_arguments_ends_the_turn_in_error_not_never(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any, arguments: Any
+) -> None:
+    """Refused with "Invalid payload", a completion of two or five arguments, or of one object,
+    left its turn processing for as long as the drone stayed connected."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+
+    answer = await hand_drone.sio.call(
+        "workOrderComplete", arguments(turn_id), namespace=DRONE_NAMESPACE
+    )
+
+    assert answer["ok"] is False and "expected turnId, success, message" in answer["error"]
+    _, success, result = await browser.completion(turn_id)
+    assert success is False and result.startswith(UNREADABLE_ENDING)
+    assert (await browser.ending(turn_id))["reason"] == "drone_failed"
+
+
+@pytest.mark.parametrize(
+    ("reason", "shown"),
+    [("removed", "aborted"), ("unanswered", "aborted"), ("relay_restarted", "drone_failed")],
+)
+async def test_a_drone_cannot_end_a_turn_for_a_reason_only_the_relay_gives(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any, reason: str, shown: str
+) -> None:
+    """A drone ending its turn "as its person was removed", "after the drone did not answer" or
+    "as the relay restarted" had that shown to the person, who was not removed, and whose
+    relay had not restarted."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+    success = shown != "drone_failed"
+
+    answer = await hand_drone.sio.call(
+        "workOrderComplete",
+        (turn_id, success, "aborted" if success else "It broke.", {"reason": reason}),
+        namespace=DRONE_NAMESPACE,
+    )
+
+    assert answer == {"ok": True}
+    assert (await browser.ending(turn_id))["reason"] == shown
+
+
+async def test_a_tool_result_that_makes_calls_is_refused_and_the_history_stays_valid(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any
+) -> None:
+    """A tool message carrying calls of its own was stored, and the ending gave that call a
+    result after the final answer: a history every model service refuses, for every later turn
+    of the session."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+    calls = [{"id": "c1", "name": "read_file", "arguments": "{}"}]
+    assert await hand_drone.message(
+        turn_id, 0, {"role": "assistant", "content": "", "toolCalls": calls}
+    ) == {"ok": True}
+
+    another = [{**calls[0], "id": "c2"}]
+    odd: list[dict[str, Any]] = [
+        {"role": "tool", "content": "x", "toolCallId": "c1", "toolCalls": another},
+        {"role": "assistant", "content": "Done.", "toolCallId": "c1"},
+    ]
+    answers = [await hand_drone.message(turn_id, 1, message) for message in odd]
+    assert await hand_drone.message(
+        turn_id, 1, {"role": "tool", "content": "x", "toolCallId": "c1"}
+    ) == {"ok": True}
+    assert await hand_drone.complete(turn_id, {"reason": "finished"}) == {"ok": True}
+    await browser.completion(turn_id)
+
+    assert [answer["ok"] for answer in answers] == [False, False]
+    assert all("tool result" in answer["error"] for answer in answers)
+    assert await stored(browser, ack["sessionId"]) == [
+        ("user", "Write an essay"), ("assistant", ""), ("tool", "x")
+    ]  # fmt: skip
+
+
+async def test_a_message_without_its_number_is_refused_not_taken_and_lost(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any
+) -> None:
+    """Messages sent without a number were stored; a numbered one after them was answered
+    ``ok`` and never stored (taken for one of theirs, sent again)."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+    unnumbered = {"kind": "message", "turnId": turn_id, "message": partial("a")["message"]}
+
+    answer = await hand_drone.report(unnumbered)
+    assert await hand_drone.message(turn_id, 0, partial("Essays are")["message"]) == {"ok": True}
+    assert await hand_drone.complete(turn_id, {"reason": "aborted"}) == {"ok": True}
+    await browser.completion(turn_id)
+
+    assert answer["ok"] is False and "number" in answer["error"]
+    assert await stored(browser, ack["sessionId"]) == ESSAY
+
+
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        ({"ok": False}, "No such tool call is waiting for approval."),
+        ({"ok": False, "error": {"nested": [1, 2]}}, "No such tool call is waiting for approval."),
+        ({"ok": False, "error": "Busy \ud800" + "x" * 10_000}, "Busy \ufffd" + "x" * 3_994),
+    ],
+    ids=["no reason", "no text", "too long"],
+)
+async def test_a_drones_refusal_of_an_approval_reaches_the_person_as_text(
+    relay: RelayHandle, hand_drone: HandDrone, browsers: Any, answer: Any, shown: str
+) -> None:
+    """A drone's refusal was passed on as it came: "None", a Python repr, or all of 10,000
+    characters."""
+    browser, ack = await a_running_turn(browsers, hand_drone)
+    turn_id = ack["turnId"]
+    waiting = {"kind": "tool", "turnId": turn_id, "callId": "c1", "name": "run_command",
+               "state": "waiting", "arguments": "{}"}  # fmt: skip
+    assert await hand_drone.report(waiting) == {"ok": True}
+    hand_drone.approval_answer = answer
+
+    refused = await browser.call(
+        "approveToolCall", {"turnId": turn_id, "callId": "c1", "approve": True}
+    )
+
+    assert refused["ok"] is False and refused["error"].startswith(shown)
+    assert len(refused["error"]) < 4100
 
 
 async def test_a_turn_its_drone_finished_ends_as_the_drone_says_while_it_delivers_its_messages(
