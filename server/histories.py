@@ -27,12 +27,12 @@ TURNS_SINCE = """
     SELECT turn_id FROM turns WHERE session_id = ? AND (
         created_at > (SELECT created_at FROM turns WHERE turn_id = ?)
         OR (created_at = (SELECT created_at FROM turns WHERE turn_id = ?) AND turn_id >= ?)
-    ) AND NOT (status = 'aborted' AND started_at IS NULL
+    ) AND status <> 'queued' AND NOT (status = 'aborted' AND started_at IS NULL
         AND (SELECT count(*) FROM messages WHERE messages.turn_id = turns.turn_id) <= 1)
     ORDER BY created_at, turn_id
 """
-"""A session's turns from a base turn on, but those cancelled before they started
-(``withdrawn``)."""
+"""A session's turns from a base turn on, but those still queued or cancelled before they
+started (``withdrawn``)."""
 
 
 class Histories:
@@ -122,12 +122,13 @@ async def session_history(
     store: TurnStore, session_id: str, before: TurnRecord | None = None
 ) -> list[ChatMessage]:
     """The conversation so far, as the provider will see it: every turn's messages in order
-    (only the turns before ``before``, when given)."""
+    (only the turns before ``before``, when given), but those of turns that have not run: still
+    queued (an interrupt stored dated before ``before`` as it started), or ``withdrawn``."""
     history: list[ChatMessage] = []
     for turn in await store.list_turns(session_id):
         if before is not None and turn.turn_id == before.turn_id:
             break
-        if not withdrawn(turn):
+        if turn.status != "queued" and not withdrawn(turn):
             history.extend(turn.messages)
     return history
 

@@ -110,9 +110,10 @@ class Place:
 
 def places(queue: list[dict[str, Any]], online: Collection[str] | None) -> list[Place]:
     """Each queued turn's place in line: ready turns ahead of it that could take its slot (for
-    a turn that takes any drone, those for any drone and those waiting for a drone ``online``;
-    for one that waits for a drone, those waiting for it or for any). ``None``: which drones
-    are online is not known now, and every drone named counts as online."""
+    a turn that takes any drone, those for any drone and those waiting for a drone ``online``
+    with a free slot; for one that waits for a drone, those waiting for it or for any).
+    ``None``: which drones are online is not known now, and every drone named counts as
+    online."""
     ahead_any = 0
     ahead_for: Counter[str] = Counter()
     found = []
@@ -167,13 +168,15 @@ async def queue_order(db: Database) -> list[dict[str, Any]]:
 
 
 async def where_queued(db: Database, live: LiveState) -> list[Place]:
-    """Every queued turn's place in line now."""
+    """Every queued turn's place in line now. A drone with no free slot counts as away, as in
+    ``choose``: a turn waiting for it takes no place in its person's line."""
     order = await queue_order(db)
     try:
-        online: set[str] | None = {route.drone_id for route in await live.drones()}
+        routes = await live.drones()
     except Exception:  # Redis cannot say now: every drone named counts
-        online = None
-    return places(order, online)
+        return places(order, None)
+    running = {row["drone_id"]: row["running"] for row in await db.fetch(RUNNING_PER_DRONE)}
+    return places(order, {r.drone_id for r in routes if running.get(r.drone_id, 0) < r.concurrency})
 
 
 async def waiting_for(db: Database, drone_id: str) -> list[str]:

@@ -217,7 +217,7 @@ class SqliteTurnStore:
     async def list_turns(self, session_id: str) -> list[TurnRecord]:
         def read() -> list[TurnRecord]:
             rows = self.conn.execute(
-                "SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, rowid",
+                "SELECT * FROM turns WHERE session_id = ? ORDER BY created_at, turn_id",
                 (session_id,),
             ).fetchall()
             return _with_messages(self.conn, rows)

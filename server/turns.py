@@ -206,6 +206,8 @@ class TurnLifecycle(TurnEndings):
                 log.info("abort turn=%s before it started", turn.turn_id)
                 return True, ABORT_SIGNALED
             turn = await self.store.get_turn(turn.turn_id, messages=False) or turn  # it started
+            if turn.status == "aborted":  # cancelled that moment, from another tab
+                return True, ABORT_SIGNALED
         if turn.status != "processing":
             return False, NO_ACTIVE_WORK_ORDER
         if request.mode == "now":  # "after this step" once the drone says it will

@@ -17,7 +17,7 @@ from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.server import queue
 from hangar.server.app import RELAY, RelayConfig
 from hangar.server.cli import start_relay
-from hangar.server.histories import session_history
+from hangar.server.histories import history_since, session_history
 from hangar.server.store import Ending, SessionRecord, TurnRecord
 from hangar.server.turns import queue_full
 from hangar.shared.protocol import (
@@ -645,6 +645,100 @@ async def test_an_interrupt_dated_before_a_follow_up_that_started_meanwhile_goes
     assert stored is not None and stored.created_at > 1001.0 == follow_up.created_at
     history = await session_history(store, "s_race", before=stored)
     assert [m.content for m in history if m.role == "user"] == ["prompt 0", "prompt 1"]
+
+
+async def test_places_pass_over_a_turn_whose_drone_is_full_as_the_dispatcher_does(
+    relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    """A turn for a named drone that is online but full takes no place in its person's line:
+    their next turn, for any drone, starts at the next free slot. The places shown counted it,
+    and that next turn was shown behind another person's, which it then started ahead of."""
+    async with HandDrone(relay.url, "laptop") as laptop, HandDrone(relay.url, "d2") as d2:
+        carol, dave, alice, bob = [await browsers(name) for name in ("carol", "dave", "ann", "bob")]
+        await carol.submit("on the laptop", droneId="laptop")
+        await laptop.next_order()
+        busy = await dave.submit("on any")
+        assert await d2.next_order() == busy["turnId"]
+        await alice.submit("ann on the laptop", droneId="laptop")
+        anns = await alice.submit("ann on any")
+        bobs = await bob.submit("bob on any")
+
+        shown = {
+            "ann": (await place_of(alice, anns["turnId"]))["position"],
+            "bob": (await place_of(bob, bobs["turnId"]))["position"],
+        }
+        await d2.complete(busy["turnId"], True, "done")
+        started = await d2.next_order()
+
+    assert shown == {"ann": 1, "bob": 2}
+    assert started == anns["turnId"]
+
+
+async def test_a_queued_turn_cancelled_from_two_tabs_at_once_is_cancelled_in_both(
+    relay: RelayHandle, browsers: Callable[..., Any]
+) -> None:
+    """The tab that lost the race was told "No active work order to abort", a failure, for a
+    turn its own person had just cancelled."""
+    tab = await browsers("ann")
+    other = await browsers("ann")
+    answers: list[tuple[bool, str]] = []
+    for prompt in ("one", "two", "three"):  # no drone: each waits in line
+        ack = await tab.submit(prompt)
+        await other.call("openSession", {"sessionId": ack["sessionId"]})
+        answers += await asyncio.gather(tab.abort(ack["turnId"]), other.abort(ack["turnId"]))
+        assert (await tab.ending(ack["turnId"]))["reason"] == "aborted"
+
+    assert answers == [(True, ABORT_SIGNALED)] * 6
+
+
+async def test_two_interrupts_dated_alike_run_and_are_told_the_history_in_one_order(
+    relay: RelayHandle,
+) -> None:
+    """Two tabs' interrupts at one moment get one date: the queue ran them by id, but the
+    history told to a drone went by the order they were stored in, so the first to run was told
+    the other's prompt, which had not run, and that prompt reached the model twice."""
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_tie", "u_1", "Tie"))
+    for turn_id, prompt, at in (("t_0", "first", 1000.0), ("t_b", "tab 2", 1001.0),
+                                ("t_a", "tab 1", 1001.0)):  # fmt: skip
+        turn = TurnRecord(turn_id, "s_tie", "u_1", prompt, status="queued", created_at=at)
+        turn.messages = [ChatMessage(role="user", content=prompt)]
+        await store.create_turn(turn)
+    [first] = await store.claim_queued({"d1": 2})
+    await store.end_turn(first.turn_id, Ending("finished", "ok", "finished", "ok"))
+
+    [runs] = await store.claim_queued({"d1": 2})
+    history = await session_history(store, "s_tie", before=runs)
+    listed = [turn.turn_id for turn in await store.list_turns("s_tie")]
+
+    assert [m.content for m in history if m.role == "user"] == ["first"]
+    assert listed == ["t_0", runs.turn_id, *({"t_a", "t_b"} - {runs.turn_id})]
+
+
+async def test_a_prompt_still_queued_is_no_part_of_a_history_told_to_a_drone(
+    relay: RelayHandle,
+) -> None:
+    """An interrupt stored dated before a follow-up the dispatcher was starting that moment:
+    the follow-up's history held the interrupt's prompt, which had not run, and the model was
+    then given it twice."""
+    store = relay.relay.store
+    await store.create_session(SessionRecord("s_late", "u_1", "Late"))
+    for turn_id, prompt, at in (("t_0", "first", 1000.0), ("t_1", "follow-up", 1002.0)):
+        turn = TurnRecord(turn_id, "s_late", "u_1", prompt, status="queued", created_at=at)
+        turn.messages = [ChatMessage(role="user", content=prompt)]
+        await store.create_turn(turn)
+    [first] = await store.claim_queued({"d1": 2})
+    await store.end_turn(first.turn_id, Ending("finished", "ok", "finished", "ok"))
+    [follow_up] = await store.claim_queued({"d1": 2})
+    interrupt = TurnRecord("t_2", "s_late", "u_1", "now this", status="queued", created_at=1001.0)
+    interrupt.messages = [ChatMessage(role="user", content=interrupt.prompt)]
+    await store.create_turn(interrupt)  # before the follow-up's history is read
+
+    whole = await session_history(store, "s_late", before=follow_up)
+    since = await history_since(store, "s_late", "t_0", follow_up)
+
+    assert [m.content for m in whole if m.role == "user"] == ["first"]
+    assert [m.content for m in since if m.role == "user"] == ["first"]
 
 
 async def test_stop_after_this_step_lets_the_tool_finish_then_ends_aborted(
