@@ -43,6 +43,7 @@ from .accounts import (
     token_hash,
     user_key,
 )
+from .bodies import form_of
 from .connections import UNAVAILABLE
 from .limits import QuietLog
 from .login_checks import LoginChecks, address_group
@@ -240,9 +241,8 @@ class Access:
         async def login(request: web.Request) -> web.StreamResponse:
             if not self._request_origin_allowed(request):
                 raise web.HTTPForbidden(text=FOREIGN_ORIGIN)
-            try:
-                form = await request.post()
-            except (ValueError, LookupError):  # not UTF-8, an unknown charset, no boundary
+            form = await form_of(request)
+            if form is None:
                 return self._login_page(page_dir, BAD_FORM, 400)
             name, password = form.get("username"), form.get("password")
             if not isinstance(name, str) or not isinstance(password, str):

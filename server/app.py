@@ -20,6 +20,7 @@ from aiohttp import web
 from hangar.shared.protocol import DRONE_NAMESPACE, IDE_NAMESPACE
 
 from .access import Access, follow_revocations
+from .bodies import quiet_client_faults, unreadable_bodies
 from .browsers import IdeNamespace
 from .channel import HEARING_WAIT, RedisChannel
 from .drones import DroneNamespace
@@ -148,7 +149,9 @@ def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Applic
     # A foreign origin, an unknown or closed session, a bad transport: a client's doing, not the
     # relay's failure. engine.io logs them at INFO, not at ERROR the first time.
     sio.eio.log_message_keys.update(CLIENTS_DOING)
-    app = web.Application()
+    # So are a request aiohttp cannot read and a body that does not decode: 400, one INFO line.
+    quiet_client_faults()
+    app = web.Application(middlewares=[unreadable_bodies])
     sio.attach(app)
     relay = Relay(
         store,
@@ -291,14 +294,23 @@ def add_static(app: web.Application, page_dir: Path) -> None:
             "/" in name  # an escaped slash, %2F
             or name.startswith(".")
             or not name.endswith(PAGE_FILES)
-            or path.is_symlink()
-            or not path.is_file()
+            or not plain_file(path)
         ):
             raise web.HTTPNotFound()
         return web.FileResponse(path)
 
     app.router.add_get("/static/{name}", page_file)
     app.router.add_get("/static/{folder:vendor}/{name}", page_file)
+
+
+def plain_file(path: Path) -> bool:
+    """Whether ``path`` is a file, not a link to one. A name longer than the file system takes
+    is neither: Python 3.11 raises ``ENAMETOOLONG`` for it, where it answers False for a name
+    that is not there."""
+    try:
+        return not path.is_symlink() and path.is_file()
+    except OSError:
+        return False
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -35,12 +35,12 @@ import engineio
 import socketio
 from aiohttp import web
 from engineio import packet as eio_packet
-from engineio import payload as eio_payload
 from socketio import packet
 
 from hangar.shared.packets import TextPacket
 from hangar.shared.protocol import IDE_NAMESPACE, RESYNC, RETRY_LATER
 
+from .bodies import WholeBody
 from .limits import QuietLog
 from .websocket import PromptCloseWebSocket
 
@@ -129,7 +129,7 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
 
         def translate_request(request: web.Request) -> dict[str, Any]:
             environ: dict[str, Any] = translate(request)
-            environ["wsgi.input"] = WholeBody(request)
+            environ["wsgi.input"] = WholeBody(request, self)
             return environ
 
         self._async = {
@@ -140,35 +140,6 @@ class RelayEngine(engineio.AsyncServer):  # type: ignore[misc]
 
     def create_queue(self, *args: Any, **kwargs: Any) -> SendQueue:
         return SendQueue(*args, **kwargs)
-
-
-CLOSE_PACKET = b"1"  # engine.io's packet for a client closing its connection
-
-
-class WholeBody:
-    """A long-polling POST's body as engine.io reads it (``read(length)``): all of it. aiohttp's
-    ``StreamReader.read(n)`` returns what has arrived so far, and a large event, which comes in
-    several reads, was cut at the first and refused as malformed."""
-
-    def __init__(self, request: web.Request) -> None:
-        self.request = request
-
-    async def read(self, length: int = -1) -> bytes:
-        content = self.request.content
-        if length < 0:
-            return await content.read()
-        try:
-            body = await content.readexactly(length)
-        except asyncio.IncompleteReadError as error:  # the client went away mid-body
-            return error.partial
-        try:  # engine.io decodes it again, but fails on some bodies with a traceback
-            packets = eio_payload.Payload(encoded_payload=body.decode()).packets
-            if all(0 <= p.packet_type < len(eio_packet.packet_names) for p in packets):
-                return body
-        except (ValueError, IndexError):
-            pass
-        log.info("a long-polling body that is not engine.io's: the connection is closed")
-        return CLOSE_PACKET  # as a bad websocket frame ends it
 
 
 InlineHandler = Callable[[str, list[Any]], "asyncio.Future[Any] | dict[str, Any] | None"]
