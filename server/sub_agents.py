@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 MAX_KEPT_CHARS = 500_000
-"""Characters of a turn's sub-agent events kept at most (3 MB of JSON at worst, every one escaped);
-later ones reach only the pages open at the time."""
+"""Characters of a turn's sub-agent events kept at most (6 MB of JSON at worst, every one an
+escaped emoji: a snapshot holds what fits its page, ``snapshots.fitted``); later ones reach only
+the pages open at the time."""
 
 
 def kept_event(payload: dict[str, Any]) -> dict[str, Any] | None:

@@ -26,6 +26,9 @@ const SPACE_RUN = /((?:[^\S\n]|[\u115f\u1160\u2800\u3164\uffa0]){32,})/u;
 const SPACES = (run) => (/^ +$/.test(run) ? "spaces" : /^\t+$/.test(run) ? "tabs" : "blank characters");
 /** A command of more lines than this (about what the card's box shows) says how many it has. */
 const MANY_LINES = 10;
+/** How a string cut short ends, saying how many characters were left out: a call's arguments
+ * the relay's snapshot had no room for (`openSession`), a long file's content the drone cut. */
+const CUT_NOTE = /\[… (\d+) more characters not shown\]$/;
 
 let cards = 0;
 
@@ -117,13 +120,23 @@ function argumentsOf(name, raw) {
   }
   if (name === "write_file" && typeof args.path === "string") {
     const { path, content, ...rest } = args;
-    const body = typeof content === "string" ? content : asText(content ?? "");
+    let body = typeof content === "string" ? content : asText(content ?? "");
+    // Content the drone cut (past 100,000 characters of arguments) says how much it left out:
+    // the size given is the whole file's.
+    const left = CUT_NOTE.exec(body);
+    if (left) body = body.slice(0, left.index);
+    const chars = body.length + (left ? Number(left[1]) : 0);
     const shown = body.slice(0, CONTENT_PREVIEW_CHARS);
+    const size = left ? `${COUNT.format(chars)} characters` : sizeWords(body);
     return [
-      h("p", { class: "approval-path" }, "To ", h("code", { dir: "ltr" }, revealed(path)), ` (${sizeWords(body)})`),
-      body ? codeBlock(shown) : h("p", { class: "approval-note" }, "An empty file."),
-      shown.length < body.length
-        ? h("p", { class: "approval-note" }, `Showing the first ${COUNT.format(shown.length)} characters.`)
+      h("p", { class: "approval-path" }, "To ", h("code", { dir: "ltr" }, revealed(path)), ` (${size})`),
+      chars ? codeBlock(shown) : h("p", { class: "approval-note" }, "An empty file."),
+      shown.length < chars
+        ? h(
+            "p",
+            { class: "approval-note" },
+            `Showing the first ${COUNT.format(shown.length)} of ${COUNT.format(chars)} characters.`,
+          )
         : null,
       fields(rest),
     ];
@@ -146,9 +159,17 @@ function fields(args) {
   );
 }
 
+/** Arguments cut short as a whole (not JSON any more): how many characters were left out, or 0. */
+function leftOut(raw) {
+  const left = typeof raw === "string" ? CUT_NOTE.exec(raw) : null;
+  return left ? Number(left[1]) : 0;
+}
+
 /**
  * The card shown in a tool line while its call waits. `onAnswer(approve, always)` runs on Approve
  * or Deny; `canAnswer` is false for someone watching another person's turn (no buttons then).
+ * A call whose arguments came cut short (a snapshot with no room for them all) can only be
+ * denied: nobody approves what they cannot see whole.
  */
 export class ApprovalCard {
   constructor({ turnId, callId, name: given, args, depth }, { onAnswer, canAnswer, stopping = false }) {
@@ -156,6 +177,8 @@ export class ApprovalCard {
     this.turnId = turnId;
     this.callId = callId;
     this.pending = false;
+    /** Characters of its arguments this page did not get: then it offers only Deny. */
+    this.cut = leftOut(args);
     const titleId = `approval-${++cards}`;
     // While the turn stops after this step, the call is that step: what an answer does now.
     this.stoppingEl = h(
@@ -171,20 +194,17 @@ export class ApprovalCard {
     this.always = h("input", { type: "checkbox", class: "approval-always-box" });
     this.approveButton.addEventListener("click", () => onAnswer(true, this.always.checked));
     this.denyButton.addEventListener("click", () => onAnswer(false, false));
-    const actions = canAnswer
-      ? h(
-          "div",
-          { class: "approval-actions" },
-          this.approveButton,
-          this.denyButton,
-          h(
-            "label",
-            { class: "approval-always", title: `Run ${name} without asking for the rest of this session` },
-            this.always,
-            "Always for this session",
-          ),
-        )
-      : h("p", { class: "approval-note" }, "Waiting for its owner's approval.");
+    const always = h(
+      "label",
+      { class: "approval-always", title: `Run ${name} without asking for the rest of this session` },
+      this.always,
+      "Always for this session",
+    );
+    const actions = !canAnswer
+      ? h("p", { class: "approval-note" }, "Waiting for its owner's approval.")
+      : this.cut
+        ? h("div", { class: "approval-actions" }, this.denyButton)
+        : h("div", { class: "approval-actions" }, this.approveButton, this.denyButton, always);
     this.titleEl = h(
       "p",
       { class: "approval-title", id: titleId },
@@ -196,6 +216,13 @@ export class ApprovalCard {
       { class: "approval", role: "group", "aria-labelledby": titleId, tabindex: "-1", dataset: { callId } },
       this.titleEl,
       argumentsOf(given, args),
+      this.cut
+        ? h(
+            "p",
+            { class: "approval-note approval-cut" },
+            `This page did not get its last ${COUNT.format(this.cut)} characters, so it cannot approve it.`,
+          )
+        : null,
       actions,
     );
     if (canAnswer) this.el.addEventListener("keydown", (e) => this.onKeydown(e, onAnswer));
@@ -251,7 +278,8 @@ export class ApprovalCard {
 
   /**
    * The keyboard on the card itself (where it puts it, not on a button): Enter approves, once
-   * per press (a held Enter does not answer the next card too). Space scrolls the conversation
+   * per press (a held Enter does not answer the next card too; a call cut short, never; such a
+   * card does not take the keyboard either). Space scrolls the conversation
    * as it would have, and a letter goes to the prompt with the keyboard: a person who starts
    * typing or reading as the card comes never answers it by accident (a focused Approve button
    * took their space as a click).
@@ -260,7 +288,7 @@ export class ApprovalCard {
     if (e.target !== this.el || e.ctrlKey || e.metaKey || e.altKey) return;
     if (e.key === "Enter") {
       e.preventDefault();
-      if (!e.repeat) onAnswer(true, this.always.checked);
+      if (!e.repeat && !this.cut) onAnswer(true, this.always.checked);
     } else if (e.key.length === 1 && e.key !== " ") {
       this.onTyping?.(); // the key's character lands where the keyboard now is
     }

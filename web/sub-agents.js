@@ -3,7 +3,9 @@
 // `subAgentOutput` gives, and `subAgentSeq`: progress numbered up to it is in it already).
 // The page also keeps it from the card it had (a reconnect, a resync, the session opened again)
 // and across a reload from sessionStorage (written as the page goes away), and shows whichever
-// holds more: a relay that restarted mid-turn, or whose bound the output passed, holds less.
+// holds more: a relay that restarted mid-turn, or whose bound the output passed, holds less, and
+// a snapshot with no room for it all holds its longest strings cut and its last parts left out
+// (each saying how much, in the text itself: it is drawn as it comes).
 
 import { MarkdownView } from "./markdown-view.js";
 import { ToolLine } from "./tool-line.js";
