@@ -7,7 +7,8 @@
 - the sweep: every second, turns no live drone runs (their relay died, this relay restarted)
   end once they have been missing for ``drone_grace``, or ``SILENT_REJOIN`` after their relay
   died (with several relays its drones' entries in Redis last that relay's ``drone_grace``
-  unrefreshed).
+  unrefreshed); ``REJOIN_WINDOW`` more after Redis was away or came back empty (the drones of a
+  relay that died with it were refused meanwhile, and come back at their reconnect's pace).
 
 The sweep's work is proportional to what changed, not to the turns running: it judges presence
 once per drone, asks the store only for the processing turns of drones that are not present
@@ -106,6 +107,10 @@ class Reaper:
         self.drone_grace = drone_grace
         self.endings: Endings | None = None
         self.started_at = time.time()
+        self.outage_at = -REJOIN_WINDOW
+        """When the live state last failed or came back empty (``time.monotonic()``)."""
+        self.emptied_at = 0.0
+        """When Redis was last found to have come back empty (``time.time()``)."""
         self.timers: dict[str, asyncio.TimerHandle] = {}
         """Pending relay-side endings (abort watchdogs and orphaned turns), by turn id."""
         self.delivering: set[str] = set()
@@ -189,6 +194,7 @@ class Reaper:
             try:
                 await self.sweep()
             except Exception as error:  # the store or Redis is down: the next sweep tries again
+                self.outage_at = time.monotonic()
                 failures.warning("sweep failed (%s: %s)", type(error).__name__, str(error)[:200])
 
     async def _give_kept_text(self, turn_id: str) -> bool:
@@ -230,6 +236,7 @@ class Reaper:
         if doubt is not None:  # first, from the store alone: also while Redis is down
             await self._check_live_turns(doubt)
         if await self.live_state.lost_everything():  # Redis restarted empty: what waits here
+            self.outage_at, self.emptied_at = time.monotonic(), time.time()
             for turn_id, live in list(self.endings.live.items()):
                 for call_id, call in list(live.waiting.items()):
                     await self.live_state.set_waiting(turn_id, call_id, call)
@@ -261,7 +268,8 @@ class Reaper:
             restarted = turn.created_at < self.started_at
             waited = now - missing[turn.turn_id]
             grace = SILENT_REJOIN if turn.drone_id in silent else self.drone_grace
-            if waited >= grace + (REJOIN_WINDOW if restarted else 0.0):
+            rejoin = restarted or now - self.outage_at < REJOIN_WINDOW + grace
+            if waited >= grace + (REJOIN_WINDOW if rejoin else 0.0):
                 ending = RELAY_RESTARTED if restarted else DRONE_LOST
                 await self.endings.end_turn(
                     turn.turn_id, lost(turn, ending, self.endings.abort_asked_by)

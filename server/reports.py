@@ -249,16 +249,16 @@ class DroneReports:
         return text
 
     async def _fill_ended(self, event: TextDelta) -> None:
-        """Keep the text its drone sends again, as it reconnects, of a turn this relay ended
-        while the drone was away without the text that had streamed (the relay keeps it in
-        memory, and restarted since the turn started; then the person aborted before the drone
-        was back): what the ending lacked. A relay that streamed the turn had all the person
-        saw: what the drone streamed after the ending is not kept."""
-        if not isinstance(self.live_state, LocalLiveState):
-            return  # Redis holds running turns' text across restarts
+        """Keep the text its drone sends again, as it reconnects, of a turn a relay ended while
+        the drone was away without the text that had streamed (the relay kept it in memory, and
+        restarted since the turn started; or Redis came back empty, and the drone's relay had
+        died): what the ending lacked. A relay that streamed the turn, or a Redis that kept its
+        text, had all the person saw: what the drone streamed after the ending is not kept."""
+        local = isinstance(self.live_state, LocalLiveState)
+        lost_at = self.reaper.started_at if local else self.reaper.emptied_at
         turn = await self.store.get_turn(event.turn_id)
         started = turn.started_at if turn is not None else None
-        if turn is None or started is None or started >= self.reaper.started_at:
+        if turn is None or started is None or started >= lost_at:
             return
         if event.at and len(turn.text) != event.at:
             return  # a later piece of a text it sends again: after the piece that came first

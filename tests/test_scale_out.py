@@ -20,6 +20,7 @@ import pytest
 import socketio
 
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
+from bench.services import OwnRedis
 from hangar.server.access import LOGIN_COOKIE
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
@@ -205,6 +206,80 @@ async def test_killing_the_drones_relay_mid_turn_moves_the_drone_and_ends_the_tu
     assert turn.status == ("aborted" if aborted else "finished")
     assert len(browser.completions(turn_id)) == 1
     assert await store.processing_turns() == []
+
+
+async def test_a_drone_whose_relay_and_redis_die_together_keeps_its_turn_and_its_text(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+    own_redis: OwnRedis,
+    tmp_path: Path,
+) -> None:
+    """Redis and the drone's relay killed in one instant: the other relay refused the drone
+    while Redis was away, and ended its turn as lost a second before the drone, its back-off
+    grown, came in. The text the page had shown was only in the dead relay and in Redis: the
+    stored turn kept none of it, and the drone's text, sent again, was refused."""
+    a = await relay_processes(redis=own_redis.url)
+    b = await relay_processes(redis=own_redis.url)
+    reply = Reply(chunks=[f"c{i} " for i in range(200)], delay=0.05)
+    openai_peer.script(reply)
+    drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Survive both"))["turnId"]
+    seen = await browser.wait_text(turn_id, pieces=5, timeout=10)
+
+    b.kill()
+    own_redis.kill()
+    refused = "cannot do that just now"
+    await eventually(
+        lambda: refused in "".join(p.read_text() for p in tmp_path.glob("proc-drone-*.log")),
+        timeout=15,
+        what="the drone refused while Redis is away",
+    )
+    own_redis.start()
+    _, success, _ = await browser.completion(turn_id, timeout=30)
+    turn = await stored(store, turn_id)
+
+    assert success is True and turn.status == "finished"
+    assert turn.text.startswith(seen) and reply.text.startswith(turn.text.strip())
+
+
+async def test_text_shown_before_redis_came_back_empty_is_stored_from_a_drone_back_late(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    store: PostgresTurnStore,
+    own_redis: OwnRedis,
+) -> None:
+    """The drone's relay and Redis died while the drone was frozen: the other relay ended its
+    turn as lost with none of the text its page had shown (only the dead relay and Redis had
+    it), and took nothing of the text the drone sent again once it was back."""
+    a = await relay_processes(redis=own_redis.url)
+    b = await relay_processes(redis=own_redis.url)
+    openai_peer.script(Reply(chunks=[f"c{i} " for i in range(600)], delay=0.05))  # 30 s
+    drone = drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Survive both"))["turnId"]
+    seen = await browser.wait_text(turn_id, pieces=5, timeout=10)
+
+    drone.send_signal(signal.SIGSTOP)
+    try:
+        b.kill()
+        own_redis.restart()
+        _, success, _ = await browser.completion(turn_id, timeout=30)
+        assert success is False
+    finally:
+        drone.send_signal(signal.SIGCONT)
+
+    async def kept() -> bool:
+        return (await stored(store, turn_id)).text.startswith(seen)
+
+    await eventually(kept, timeout=15, what="the text shown, stored")
 
 
 async def test_a_drone_leaves_a_frozen_relay_for_another_and_its_work_goes_on(
