@@ -57,6 +57,13 @@ def add_demo_model(app: web.Application) -> None:
     app.router.add_get(f"{DEMO_PATH}/models", models)
 
 
+NOT_A_REQUEST = {
+    "message": "A chat completion request is a JSON object with a list of messages.",
+    "type": "invalid_request_error",
+}
+"""What the demo model answers a body that is none (400), as OpenAI's API answers one."""
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response(
         {"object": "list", "data": [{"id": DEMO_MODEL, "object": "model", "owned_by": "hangar"}]}
@@ -64,8 +71,14 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    body = await request.json()
-    messages = body.get("messages", [])
+    try:
+        body = await request.json()
+    except ValueError:  # not JSON, or not UTF-8
+        body = None
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return web.json_response({"error": NOT_A_REQUEST}, status=400)
+    assert isinstance(body, dict)
     prompt = _last_user_text(messages)
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     call = _tool_call(prompt) if body.get("tools") and last.get("role") == "user" else None

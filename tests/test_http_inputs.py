@@ -170,6 +170,32 @@ async def test_the_demo_model_refuses_a_body_said_to_be_compressed_that_is_not(
     assert_no_failure_logged(caplog)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[1, 2]", b'{"messages": "hi"}', b'{"messages": [], "stream": true}'],
+    ids=["not JSON", "not an object", "messages not a list", "no messages"],
+)
+async def test_the_demo_model_refuses_a_request_it_cannot_answer_as_openai_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, body: bytes
+) -> None:
+    """A body that is no chat completion request was answered 500, with a traceback."""
+    caplog.set_level(logging.DEBUG)
+    config = RelayConfig(
+        port=0,
+        database=str(relay_folder(tmp_path) / "hangar.db"),
+        drone_token=DRONE_TOKEN,
+        demo_model=True,
+    )
+    async with relay_on(config) as relay:
+        request = wire(
+            "POST", "/demo/v1/chat/completions", {"Content-Type": "application/json"}, body
+        )
+        status, text = await exchange(relay.url, request)
+    assert status == 400
+    assert json.loads(text)["error"]["type"] == "invalid_request_error"
+    assert_no_failure_logged(caplog)
+
+
 async def test_a_route_that_reads_no_body_answers_though_its_body_does_not_decode(
     relay: RelayHandle, caplog: pytest.LogCaptureFixture
 ) -> None:
