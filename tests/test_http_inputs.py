@@ -149,20 +149,20 @@ async def test_a_long_polling_body_said_to_be_compressed_is_refused_and_ends_its
 # ---- the relay's other routes
 
 
+def demo_config(tmp_path: Path) -> RelayConfig:
+    """A relay that serves the demo model."""
+    database = str(relay_folder(tmp_path) / "hangar.db")
+    return RelayConfig(port=0, database=database, drone_token=DRONE_TOKEN, demo_model=True)
+
+
 async def test_the_demo_model_refuses_a_body_said_to_be_compressed_that_is_not(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The demo model reads a JSON body: it was answered 500, with a traceback."""
     caplog.set_level(logging.DEBUG)
-    config = RelayConfig(
-        port=0,
-        database=str(relay_folder(tmp_path) / "hangar.db"),
-        drone_token=DRONE_TOKEN,
-        demo_model=True,
-    )
     body = json.dumps({"model": "hangar-demo", "messages": [{"role": "user", "content": "hi"}]})
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    async with relay_on(config) as relay:
+    async with relay_on(demo_config(tmp_path)) as relay:
         completions = wire("POST", "/demo/v1/chat/completions", headers, body.encode())
         status, text = await exchange(relay.url, completions)
         assert status == 400
@@ -180,13 +180,7 @@ async def test_the_demo_model_refuses_a_request_it_cannot_answer_as_openai_does(
 ) -> None:
     """A body that is no chat completion request was answered 500, with a traceback."""
     caplog.set_level(logging.DEBUG)
-    config = RelayConfig(
-        port=0,
-        database=str(relay_folder(tmp_path) / "hangar.db"),
-        drone_token=DRONE_TOKEN,
-        demo_model=True,
-    )
-    async with relay_on(config) as relay:
+    async with relay_on(demo_config(tmp_path)) as relay:
         request = wire(
             "POST", "/demo/v1/chat/completions", {"Content-Type": "application/json"}, body
         )

@@ -34,7 +34,15 @@ from hangar.shared.protocol import (
     DRONE_NAMESPACE,
     TERMINAL_STATUSES,
 )
-from tests.conftest import DRONE_TOKEN, Browser, People, Upstream, drone_hello, eventually
+from tests.conftest import (
+    DRONE_TOKEN,
+    Browser,
+    People,
+    RelayProcess,
+    Upstream,
+    drone_hello,
+    eventually,
+)
 from tests.test_cli import hangar
 
 SLOW = Reply(chunks=[f"w{i} " for i in range(300)], delay=0.03)
@@ -208,6 +216,26 @@ async def test_killing_the_drones_relay_mid_turn_moves_the_drone_and_ends_the_tu
     assert await store.processing_turns() == []
 
 
+async def streaming_on_one_of_two(
+    relay_processes: Start,
+    drone_process: Start,
+    openai_peer: OpenAIPeer,
+    open_browser: Start,
+    own_redis: OwnRedis,
+    reply: Reply,
+) -> tuple[RelayProcess, subprocess.Popen[bytes], Browser, str]:
+    """Two relays on the test's own Redis, a drone on the second (its relay), a browser on the
+    first: the drone's relay, the drone, the browser and the turn streaming ``reply``."""
+    a = await relay_processes(redis=own_redis.url)
+    b = await relay_processes(redis=own_redis.url)
+    openai_peer.script(reply)
+    drone = drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
+    browser: Browser = await open_browser(a.url)
+    await drones_seen_from(browser)
+    turn_id = (await browser.submit("Survive both"))["turnId"]
+    return b, drone, browser, turn_id
+
+
 async def test_a_drone_whose_relay_and_redis_die_together_keeps_its_turn_and_its_text(
     relay_processes: Start,
     drone_process: Start,
@@ -221,14 +249,10 @@ async def test_a_drone_whose_relay_and_redis_die_together_keeps_its_turn_and_its
     while Redis was away, and ended its turn as lost a second before the drone, its back-off
     grown, came in. The text the page had shown was only in the dead relay and in Redis: the
     stored turn kept none of it, and the drone's text, sent again, was refused."""
-    a = await relay_processes(redis=own_redis.url)
-    b = await relay_processes(redis=own_redis.url)
     reply = Reply(chunks=[f"c{i} " for i in range(200)], delay=0.05)
-    openai_peer.script(reply)
-    drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
-    browser: Browser = await open_browser(a.url)
-    await drones_seen_from(browser)
-    turn_id = (await browser.submit("Survive both"))["turnId"]
+    b, _, browser, turn_id = await streaming_on_one_of_two(
+        relay_processes, drone_process, openai_peer, open_browser, own_redis, reply
+    )
     seen = await browser.wait_text(turn_id, pieces=5, timeout=10)
 
     b.kill()
@@ -258,13 +282,10 @@ async def test_text_shown_before_redis_came_back_empty_is_stored_from_a_drone_ba
     """The drone's relay and Redis died while the drone was frozen: the other relay ended its
     turn as lost with none of the text its page had shown (only the dead relay and Redis had
     it), and took nothing of the text the drone sent again once it was back."""
-    a = await relay_processes(redis=own_redis.url)
-    b = await relay_processes(redis=own_redis.url)
-    openai_peer.script(Reply(chunks=[f"c{i} " for i in range(600)], delay=0.05))  # 30 s
-    drone = drone_process(Upstream("openai", openai_peer), server=f"{b.url},{a.url}")
-    browser: Browser = await open_browser(a.url)
-    await drones_seen_from(browser)
-    turn_id = (await browser.submit("Survive both"))["turnId"]
+    reply = Reply(chunks=[f"c{i} " for i in range(600)], delay=0.05)  # 30 s
+    b, drone, browser, turn_id = await streaming_on_one_of_two(
+        relay_processes, drone_process, openai_peer, open_browser, own_redis, reply
+    )
     seen = await browser.wait_text(turn_id, pieces=5, timeout=10)
 
     drone.send_signal(signal.SIGSTOP)
