@@ -220,8 +220,10 @@ export function createControls(state, { conversation, sessions, drones }) {
     return true;
   }
 
-  /** Fit the prompt to its text: its height, and its direction (see text-direction.js). */
+  /** Fit the prompt to its text: its height, its direction (see text-direction.js), and the
+   * note on whether a reload would keep it whole (see draft-keep.js). */
   function autosize() {
+    noteDraft();
     prompt.dir = directionOf(prompt.value);
     prompt.style.height = "auto";
     prompt.style.height = `${Math.min(prompt.scrollHeight + 2, Math.round(window.innerHeight * 0.4))}px`;
@@ -242,7 +244,7 @@ export function createControls(state, { conversation, sessions, drones }) {
     form.requestSubmit(interrupting ? interrupt : submit);
   });
   prompt.addEventListener("input", autosize);
-  keepDraft(prompt, byId("log-out").form, () => prompt.dispatchEvent(new Event("input")));
+  const noteDraft = keepDraft(prompt, byId("log-out").form, () => prompt.dispatchEvent(new Event("input")));
   // Toasts sit just above the prompt form, whose height changes (Cancel, a longer prompt).
   new ResizeObserver(() => {
     document.documentElement.style.setProperty("--composer-height", `${form.offsetHeight}px`);
