@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -124,7 +125,8 @@ CLIENTS_DOING = (
 def build_app(config: RelayConfig, store: TurnStore | None = None) -> web.Application:
     """The relay as an aiohttp application; the store opens and closes with it."""
     manager = RedisChannel(config.redis, config.deployment()) if config.redis else None
-    deployment = config.deployment() if config.redis else None
+    # Relays on one PostgreSQL database must hear each other: the same channel on one Redis.
+    deployment = f"{config.deployment()} on {redis_server(config.redis)}" if config.redis else None
     store = store or open_store(config.database, relay=True, deployment=deployment)
     relay_access: list[Access] = []
     sio = RelayServer(
@@ -301,6 +303,15 @@ def add_static(app: web.Application, page_dir: Path) -> None:
 
     app.router.add_get("/static/{name}", page_file)
     app.router.add_get("/static/{folder:vendor}/{name}", page_file)
+
+
+def redis_server(url: str) -> str:
+    """The Redis database ``url`` names (where, and which number), not who logs in to it."""
+    parts = urllib.parse.urlsplit(url)
+    number = urllib.parse.parse_qs(parts.query).get("db", ["0"])[0]
+    if parts.scheme == "unix":
+        return f"unix:{parts.path}/{number}"
+    return f"{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or number}"
 
 
 def plain_file(path: Path) -> bool:

@@ -181,7 +181,7 @@ class RedisChannel(AsyncPubSubManager):  # type: ignore[misc]
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         yield message["data"]
-            except FAILURES as exc:
+            except Exception as exc:  # Redis away, or a URL it cannot use: tried again, slower
                 if self._heard.is_set():
                     self._heard.clear()
                     self._lost = True

@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import logging
 import sys
+import traceback
 
 from aiohttp import web
 
@@ -232,8 +233,12 @@ async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
 
     Raises ``RelayStartError`` with a one-line reason when it cannot.
     """
+    try:
+        app = build_app(config)
+    except ValueError as error:  # an option its libraries refuse (in the Redis URL, say)
+        raise RelayStartError(f"cannot use the settings: {' '.join(str(error).split())}") from None
     runner = web.AppRunner(
-        build_app(config), handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_WAIT
+        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_WAIT
     )
     try:
         await runner.setup()  # opens the store and the live state
@@ -261,10 +266,19 @@ async def start_relay(config: RelayConfig) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
+def _redis_raised(error: BaseException) -> bool:
+    """Whether redis-py raised ``error``: one of its own, or another from within it (a
+    ``TypeError`` for an option in the URL that its connections do not take, say)."""
+    if type(error).__module__.split(".")[0] == "redis":
+        return True
+    frames = traceback.walk_tb(error.__traceback__)
+    return any(frame.f_globals.get("__name__", "").startswith("redis.") for frame, _ in frames)
+
+
 def cannot_open(config: RelayConfig, error: BaseException) -> str:
     """Which of the relay's services failed, in one line (URLs left out: they hold passwords)."""
     said = " ".join(str(error).split()) or type(error).__name__
-    if type(error).__module__.split(".")[0] == "redis":
+    if _redis_raised(error):
         if type(error).__name__ == "ResponseError":  # it answers, and refuses (a script, say)
             return f"Redis refuses what a relay needs: {said}"
         return f"cannot reach Redis: {said}"

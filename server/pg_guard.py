@@ -121,8 +121,8 @@ class RelayGuard:
             )
         return (
             "relays that do not share this relay's Redis channel use this PostgreSQL database "
-            "(another --redis-prefix, or a relay without --redis): they would end each "
-            "other's turns."
+            "(another Redis or Redis database number, another --redis-prefix, or a relay "
+            "without --redis): they would end each other's turns."
         )
 
     async def _keep(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from .shown import without_password
+from .shown import without_secrets
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "ollama")
@@ -30,13 +30,14 @@ class OneLine(logging.Formatter):
     """``LOG_FORMAT`` with the message on one line: a tool's name a model chose, a service's
     error or a client's input cannot add a line of its own, or an escape sequence, to the log.
     A traceback still follows its line, as it is. A URL's password is left out (a relay behind
-    a proxy that asks for one, a database's)."""
+    a proxy that asks for one, a database's), and so are tokens (the transport's lines at
+    DEBUG hold every connect's)."""
 
     def __init__(self) -> None:
         super().__init__(LOG_FORMAT)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = one_line(without_password(record.message))
+        record.message = one_line(without_secrets(record.message))
         return super().formatMessage(record)
 
 

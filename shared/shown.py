@@ -23,6 +23,24 @@ def without_password(text: str) -> str:
     return _QUERY_PASSWORD.sub(lambda found: f"{found.group(1)}{HIDDEN}", text)
 
 
+_SECRET_FIELDS = re.compile(r'("(?:token|instance|password)"\s*:\s*")([^"]*)"')
+"""A connect's secrets as JSON in a transport's log line: a drone's or a person's token, a
+drone process's instance secret."""
+_TOKENS = re.compile(r"\b(hgd\.[A-Za-z0-9_-]{1,64}\.|hgt_)[A-Za-z0-9_-]+")
+"""A drone token (``hgd.<name>.<secret>``: its name is no secret) or an API token."""
+
+
+def without_secrets(text: str) -> str:
+    """``text`` with passwords (``without_password``) and tokens shown as ``***``."""
+    text = _SECRET_FIELDS.sub(lambda found: f'{found.group(1)}{_kept(found.group(2))}"', text)
+    return without_password(_TOKENS.sub(lambda found: f"{found.group(1)}{HIDDEN}", text))
+
+
+def _kept(secret: str) -> str:
+    found = _TOKENS.match(secret)
+    return f"{found.group(1)}{HIDDEN}" if found else HIDDEN
+
+
 def shown(text: str) -> str:
     """A setting as printed in a command to paste: its password left out, quoted for a shell."""
     return shlex.quote(without_password(text))

@@ -1342,6 +1342,29 @@ async def test_a_redis_that_runs_no_scripts_is_refused_as_the_relay_starts(
         redis.kill()
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ("socket_timeout=abc", "cannot use the settings: Invalid value for 'socket_timeout'"),
+        ("ssl_cert_reqs=none", "cannot reach Redis: "),
+    ],
+)
+async def test_a_redis_url_with_options_redis_cannot_take_stops_the_relay_in_one_line(
+    tmp_path: Path, own_redis: OwnRedis, caplog: pytest.LogCaptureFixture, options: str, said: str
+) -> None:
+    """A relay started without the command line's checks: one option made a traceback, the
+    other a relay that never listened, its channel failing thousands of times a second."""
+    config = RelayConfig(
+        port=0, database=str(tmp_path / "hangar.db"), redis=f"{own_redis.url}?{options}"
+    )
+
+    with pytest.raises(RelayStartError) as refusal:
+        await asyncio.wait_for(start_relay(config), 30)
+
+    assert str(refusal.value).startswith(said), refusal.value
+    assert "pubsub" not in caplog.text
+
+
 async def test_the_sessions_list_answers_while_redis_is_down(
     tmp_path: Path,
     own_redis: OwnRedis,

@@ -230,6 +230,31 @@ async def test_the_drone_logs_plain_lines_when_not_in_a_terminal(
     assert "\x1b[K" not in output and "chunks streamed" not in output
 
 
+async def test_a_drone_logging_everything_leaves_its_token_out(
+    relay: RelayHandle,
+    openai_peer: OpenAIPeer,
+    drone_process: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    """At --log-level debug the transport's lines held the connect packet, token and all: one
+    pasted log gave the drone away."""
+    token = await relay.relay.accounts.create_drone_token("talky")
+    process = drone_process(
+        Upstream("openai", openai_peer),
+        server=relay.url,
+        name="talky",
+        token=token,
+        env={"HANGAR_LOG_LEVEL": "debug"},
+    )
+    await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(process.wait, 10) == 0
+
+    output = (tmp_path / "talky-0.log").read_text()
+    assert "DEBUG engineio.client" in output and '"token":"hgd.talky.***"' in output
+    assert token.rsplit(".", 1)[1] not in output
+
+
 @pytest.mark.parametrize(
     ("arguments", "line", "code"),
     [

@@ -1026,6 +1026,8 @@ async def test_relays_that_do_not_hear_each_other_are_refused_on_one_postgres_da
 
     alone = await hangar(*serve)
     elsewhere = await hangar(*serve, "--redis", redis_url, "--redis-prefix", "another-one")
+    server, number = redis_url.rsplit("/", 1)
+    other_number = await hangar(*serve, "--redis", f"{server}/{(int(number) + 1) % 16}")
     same = await relay_processes()  # the same deployment is welcome
 
     assert alone == (
@@ -1036,6 +1038,7 @@ async def test_relays_that_do_not_hear_each_other_are_refused_on_one_postgres_da
         "a database of its own.\n",
     )
     assert elsewhere[0] == 1 and "they would end each other's turns" in elsewhere[2]
+    assert other_number[0] == 1 and "they would end each other's turns" in other_number[2]
     for relay in (first, same):
         relay.kill()
         await relay.process.wait()
