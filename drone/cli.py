@@ -13,12 +13,14 @@ from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import (
     add_log_level,
     add_setting,
+    model_name,
     seconds,
     url,
     whole_number,
     work_directory,
 )
 from hangar.shared.protocol import SHOWN_NAME_PATTERN, drone_name_of
+from hangar.shared.shown import without_password
 
 from .tools.policy import ToolPolicy
 from .worker import DEFAULT_MODELS, PROVIDERS, DroneConfig, run_drone
@@ -68,7 +70,7 @@ def relay_urls(text: str) -> str:
         except ValueError:
             raise ValueError(
                 f"expected relay URLs starting with http:// or https://, separated by commas, "
-                f"got {part!r}."
+                f"got {without_password(part)!r}."
             ) from None
     return ",".join(urls)
 
@@ -79,7 +81,8 @@ def ollama_host(text: str) -> str:
         return http_url(text if "://" in text else f"http://{text}")
     except ValueError:
         raise ValueError(
-            f"expected a URL starting with http:// or https://, or host:port, got {text!r}."
+            "expected a URL starting with http:// or https://, or host:port, got "
+            f"{without_password(text)!r}."
         ) from None
 
 
@@ -342,9 +345,3 @@ def host_name() -> str:
     another drone's), cut to 64 characters."""
     kept = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()).lstrip("_.-")[:64]
     return kept or "drone"
-
-
-def model_name(text: str) -> str:
-    if len(text) > 256:
-        raise ValueError(f"expected a model name of 1-256 characters, got {len(text)}.")
-    return text

@@ -137,10 +137,14 @@ async def _with_accounts(
     database: str,
 ) -> int:
     store = open_store(database)
+    started = time.monotonic()
     try:
         await store.open()
     except Exception as error:
-        print(f"{prefix}: cannot open {shown(args.database)}: {error}", file=sys.stderr)
+        said = " ".join(str(error).split()) or type(error).__name__
+        if isinstance(error, TimeoutError):  # said nothing itself
+            said = f"no answer within {time.monotonic() - started:.0f} s."
+        print(f"{prefix}: cannot open {shown(args.database)}: {said}", file=sys.stderr)
         return 1
     try:
         return await action(Accounts(store), args)

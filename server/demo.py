@@ -21,8 +21,15 @@ from aiohttp import web
 
 from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
-from hangar.shared.cli import WOULD_HOLD_DATABASE, add_setting, holds_database, work_directory
-from hangar.shared.shown import shown
+from hangar.shared.cli import (
+    WOULD_HOLD_DATABASE,
+    Parser,
+    add_setting,
+    holds_database,
+    model_name,
+    work_directory,
+)
+from hangar.shared.shown import shown, without_password
 
 from .access import is_loopback
 from .accounts import AccountError, Accounts, User
@@ -59,7 +66,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "talks to the built-in offline demo model.",
     )
     add_relay_arguments(demo)
-    add_setting(demo, "--model", env="HANGAR_MODEL", default="", help="(HANGAR_MODEL)")
+    add_setting(
+        demo, "--model", env="HANGAR_MODEL", default="", check=model_name, help="(HANGAR_MODEL)"
+    )
     add_setting(
         demo,
         "--workdir",
@@ -81,7 +90,7 @@ def demo_drone_arguments(base: str, model: str) -> tuple[list[str], str]:
         return [*common, "--provider", "openai", "--model", chosen], f"OpenAI model {chosen}"
     if ollama_host:
         chosen = model or "llama3.2"
-        label = f"Ollama model {chosen} at {ollama_host}"
+        label = f"Ollama model {chosen} at {without_password(ollama_host)}"
         return [*common, "--provider", "ollama", "--model", chosen], label
     arguments = [*common, "--provider", "openai", "--base-url", base + DEMO_PATH]
     return [*arguments, "--model", DEMO_MODEL], "the offline demo model (canned answers, no LLM)"
@@ -248,5 +257,18 @@ async def _stop_child(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
+def check_drone_settings(model: str) -> None:
+    """Check the demo's drone's settings with the drone's own checks, before anything starts:
+    its arguments, and the variables it reads that the demo does not set itself. Raises
+    ``SettingError`` naming the variable."""
+    from hangar.drone.cli import add_arguments
+
+    drone = Parser(prog="hangar demo")
+    add_arguments(drone)
+    drone.set_defaults(token=None, workdir=None, status_line=None)  # the demo's own
+    drone.parse_args(demo_drone_arguments("http://127.0.0.1:8080", model)[0])
+
+
 def run(args: argparse.Namespace) -> int:
+    check_drone_settings(args.model)
     return runtime.run(demo(relay_config(args), args.model, args.workdir, args.log_level))

@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import math
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -90,6 +91,9 @@ def add_setting(
     names = (env,) if isinstance(env, str) else tuple(env)
     found = next((name for name in names if os.environ.get(name)), None)
     value = FromEnv(os.environ[found], found) if found else default
+    if isinstance(default, str) and options.get("help"):  # the documented default, never the
+        # environment's value (a URL's password, a token)
+        options["help"] = options["help"].replace("%(default)s", default.replace("%", "%%"))
 
     parser.add_argument(flag, default=value, type=_reported(parser, flag, check or str), **options)
 
@@ -172,7 +176,8 @@ def seconds(text: str) -> float:
 
 
 def url(*schemes: str) -> Callable[[str], str]:
-    """A URL with one of ``schemes`` and, unless it names a Unix socket, a host."""
+    """A URL with one of ``schemes`` and, unless it names a Unix socket, a host; a Redis URL
+    (``redis`` among ``schemes``) also one redis-py can make connections of."""
     names = [f"{scheme}://" for scheme in schemes]
     wanted = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
@@ -186,9 +191,35 @@ def url(*schemes: str) -> Callable[[str], str]:
             raise ValueError(f"expected a port number in the URL, got {said!r}.") from None
         if not (parts.hostname or parts.scheme == "unix") or any(c.isspace() for c in parts.netloc):
             raise ValueError(f"expected a host in the URL, got {said!r}.")
+        if "redis" in schemes:
+            try:
+                _redis_options(text.strip(), parts.scheme)
+            except ValueError as error:
+                reason = f"expected a Redis URL redis-py can use, got {said!r}: {error}"
+                raise ValueError(without_password(reason)) from None
         return text.strip()
 
     return check
+
+
+def _redis_options(text: str, scheme: str) -> None:
+    """Raise ``ValueError`` saying what redis-py refuses of the Redis URL ``text``: a database
+    that is not a number, an option it does not take for ``scheme`` or a bad value. Its
+    connection pool and a connection are made as the relay makes them, nothing is connected."""
+    from redis.asyncio import ConnectionPool  # only where a Redis URL is given
+
+    if scheme != "unix" and not re.fullmatch(r"/?[0-9]*", urlsplit(text).path):
+        raise ValueError("the path after the host is a database number, such as /0.")
+    try:
+        pool = ConnectionPool.from_url(text)
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as error:  # an option the connection does not take
+        option = re.search(r"keyword argument '(\w+)'", str(error))
+        said = f"{scheme}:// URLs take no option {option[1]!r}" if option else str(error)
+        raise ValueError(f"{said}.") from None
+    except Exception as error:
+        said = " ".join(str(error).split()).rstrip(".") or type(error).__name__
+        raise ValueError(f"{said}.") from None
 
 
 def origin(text: str) -> str:
@@ -197,7 +228,8 @@ def origin(text: str) -> str:
     checked = url("http", "https")(text)
     parts = urlsplit(checked)
     if parts.path.strip("/") or "?" in checked or "#" in checked or "@" in parts.netloc:
-        raise ValueError(f"expected an origin such as https://hangar.example, got {text!r}.")
+        said = without_password(text)
+        raise ValueError(f"expected an origin such as https://hangar.example, got {said!r}.")
     scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
     if ":" in host:
         host = f"[{host}]"
@@ -289,6 +321,12 @@ def database(text: str) -> str:
         raise ValueError(f"{text!r} is not a file (a pipe or a device), so not a SQLite file.")
     if not path.parent.is_dir():
         raise ValueError(f"there is no folder {str(path.parent)!r} for the SQLite file {text!r}.")
+    return text
+
+
+def model_name(text: str) -> str:
+    if len(text) > 256:
+        raise ValueError(f"expected a model name of 1-256 characters, got {len(text)}.")
     return text
 
 
