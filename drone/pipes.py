@@ -11,6 +11,7 @@ read and one decode. JSON, not pickle: what a worker writes can never run code i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import struct
@@ -131,6 +132,13 @@ class WorkerProcess:
         process = self.process
         if process is not None and process.stdin is not None and not process.stdin.is_closing():
             process.stdin.close()
+
+    def kill(self) -> None:
+        """Kill the worker's process, if it still runs."""
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
 
     @property
     def name(self) -> str:

@@ -133,9 +133,14 @@ class WorkerPool:
 
     async def start(self, within: float = START_WITHIN) -> None:
         """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
-        first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it returns."""
-        self._lives = [asyncio.ensure_future(self._live(w)) for w in self.workers]
-        self._lives.append(asyncio.ensure_future(watch(self.workers, lambda: self.root.aborted)))
+        first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it returns, and
+        starts no more."""
+        self._lives = [asyncio.ensure_future(watch(self.workers, lambda: self.root.aborted))]
+        for worker in self.workers:  # one at a time: starting a process holds the loop (a fork)
+            if self.root.aborted:
+                return
+            self._lives.append(asyncio.ensure_future(self._live(worker)))
+            await asyncio.sleep(0)  # it starts; a Ctrl-C meanwhile is taken before the next
         for worker in self.workers:
             waits = [worker.ready.wait(), worker.exited.wait(), self.root.wait()]
             tasks = [asyncio.ensure_future(wait) for wait in waits]
@@ -220,25 +225,27 @@ class WorkerPool:
         await self._idle.wait()
 
     async def close(self) -> None:
-        """Close every worker's pipe, wait for them to exit (killing the late), and stop."""
+        """Close every worker's pipe, wait for them all at once to exit (killing the late),
+        and stop. A worker still loading runs nothing yet, and reads its pipe only once loaded:
+        it is killed at once."""
         self._closing = True
         self._unsubscribe()
         for worker in self.workers:
             worker.close()
-        for worker in self.workers:
-            process = worker.process
-            if process is None:
-                continue
-            try:
-                async with asyncio.timeout(EXIT_WITHIN):
-                    await process.wait()
-            except TimeoutError:
-                log.warning("%s did not exit; killed", worker.name)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
+            if not worker.ready.is_set():
+                worker.kill()
+        exits = {asyncio.ensure_future(w.process.wait()): w for w in self.workers if w.process}
+        if exits:
+            _, late = await asyncio.wait(exits, timeout=EXIT_WITHIN)
+            for wait in late:
+                log.warning("%s did not exit; killed", exits[wait].name)
+                exits[wait].kill()
+                wait.cancel()
         for life in self._lives:
             life.cancel()
         await asyncio.gather(*self._lives, return_exceptions=True)
+        for worker in self.workers:
+            worker.kill()  # one a start under way (cancelled above) may have left
 
     # ---- the workers
 

@@ -4,13 +4,12 @@ that answers is not a relay (python-socketio's client says only "Connection erro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from hangar.shared.abort import AbortSignal
+from hangar.shared.abort import AbortError, AbortSignal
 from hangar.shared.protocol import ALREADY_CONNECTED
 
 from .connection import DroneRefusedError, RelayConnection
@@ -31,18 +30,30 @@ ENGINE_PATH = "/socket.io/?EIO=4&transport=polling"
 
 
 async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
-    """Connect, waiting for a relay that is not up yet; False if ``signal`` fires first.
+    """Connect, waiting for a relay that is not up yet; False if ``signal`` fires first (an
+    attempt under way is given up then: a relay frozen would hold it for seconds).
 
     Raises ``DroneRefusedError`` when a relay refuses this drone: waiting cannot help then. An
     address where something else answers is tried again too (it may be a relay being
     deployed), but the warning says what answers there.
     """
+    try:
+        async with signal.scope():
+            await keep_trying(connection)
+    except AbortError:
+        await connection.close()  # what the attempt given up had opened
+        return False
+    return True
+
+
+async def keep_trying(connection: RelayConnection) -> None:
+    """``reach_relay``'s attempts, until one connects."""
     attempt = 0
     already_until: float | None = None
-    while not signal.aborted:
+    while True:
         try:
             await connection.connect()
-            return True
+            return
         except DroneRefusedError as error:
             now = asyncio.get_running_loop().time()
             already_until = already_until or now + ALREADY_WAIT
@@ -55,8 +66,7 @@ async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
                 error,
                 already_until - now,
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signal.wait(), RETRY_DELAYS[0])
+            await asyncio.sleep(RETRY_DELAYS[0])
             continue
         except ConnectionError:
             pass
@@ -79,9 +89,7 @@ async def reach_relay(connection: RelayConnection, signal: AbortSignal) -> bool:
             )
         else:
             log.warning("%s not up yet; trying again in %g s", which, delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(signal.wait(), delay)
-    return False
+        await asyncio.sleep(delay)
 
 
 async def what_answers(url: str) -> str | None:
