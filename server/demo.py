@@ -23,7 +23,6 @@ from hangar.shared import runtime
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.cli import (
     WOULD_HOLD_DATABASE,
-    Parser,
     add_setting,
     holds_database,
     model_name,
@@ -257,18 +256,5 @@ async def _stop_child(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
-def check_drone_settings(model: str) -> None:
-    """Check the demo's drone's settings with the drone's own checks, before anything starts:
-    its arguments, and the variables it reads that the demo does not set itself. Raises
-    ``SettingError`` naming the variable."""
-    from hangar.drone.cli import add_arguments
-
-    drone = Parser(prog="hangar demo")
-    add_arguments(drone)
-    drone.set_defaults(token=None, workdir=None, status_line=None)  # the demo's own
-    drone.parse_args(demo_drone_arguments("http://127.0.0.1:8080", model)[0])
-
-
 def run(args: argparse.Namespace) -> int:
-    check_drone_settings(args.model)
     return runtime.run(demo(relay_config(args), args.model, args.workdir, args.log_level))
