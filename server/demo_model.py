@@ -76,9 +76,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ValueError:  # not JSON, or not UTF-8
         body = None
     messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(body, dict) or not isinstance(messages, list) or not messages:
         return web.json_response({"error": NOT_A_REQUEST}, status=400)
-    assert isinstance(body, dict)
     prompt = _last_user_text(messages)
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     call = _tool_call(prompt) if body.get("tools") and last.get("role") == "user" else None
