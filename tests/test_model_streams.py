@@ -6,6 +6,7 @@ cut (docs/protocol.md, "Ordering and endings")."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.providers import ollama_provider, openai_provider
 from hangar.drone.providers.base import CUT_AT_LENGTH, EMPTY_ANSWER, FILTERED, NO_REASON
+from hangar.drone.providers.event_stream import ReplacingDecoder
 from hangar.drone.service import AgentService
 from hangar.shared.abort import AbortController
 from hangar.shared.wire import MOST_TOKENS
@@ -186,6 +188,40 @@ async def test_two_calls_a_service_gives_one_index_stay_two_and_object_arguments
     assert json.loads(last[4]["tool_calls"][0]["function"]["arguments"]) == {"path": "a.txt"}
     assert last[5]["content"] == "hello from a.txt"
     assert openai_peer.requests[-1].rejected is None
+
+
+async def test_bytes_an_openai_service_streams_that_are_no_utf8_are_read_as_u_fffd(
+    openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A byte no UTF-8 has (a lone 0xff, a character cut short) in a chunk's text failed the
+    turn as an unreadable chunk. It is read as U+FFFD (as the Ollama SDK reads it) and the turn
+    goes on.
+    Each piece's line comes in two writes cut in its middle: a character split between them
+    (the euro sign, the smiley) stays whole."""
+    raw = [b"\xe2\x82\xac", b" and \xff", b" then \xe2\x82", b"\xf0\x9f\x98\x80 again."]
+    openai_peer.script(Reply(chunks=["Price: "], raw_content=raw))
+    recorder = Recorder()
+    service = service_for(Upstream("openai", openai_peer), tmp_path, recorder)
+    service.accept(order("t_1", "Say it"))
+
+    answer = "Price: \u20ac and \ufffd then \ufffd\U0001f600 again."
+    assert await finished(recorder) == ("t_1", True, answer)
+    assert recorder.endings[-1].reason == "finished"
+
+
+async def test_a_character_split_between_any_two_reads_of_an_event_stream_stays_whole() -> None:
+    """The stream's bytes cut at every place in two reads: the same events every time."""
+    body = 'data: "\u20ac\U0001f600"\n\n'.encode() + b'data: "\xff \xe2\x82"\n\ndata: \xf0\x9f\n\n'
+    said = ['"\u20ac\U0001f600"', '"\ufffd \ufffd"', "\ufffd"]
+
+    async def reads(parts: list[bytes]) -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    for cut in range(len(body) + 1):
+        parts = [body[:cut], body[cut:]]
+        assert [e.data async for e in ReplacingDecoder().aiter_bytes(reads(parts))] == said
+        assert [e.data for e in ReplacingDecoder().iter_bytes(iter(parts))] == said
 
 
 async def test_an_empty_answer_fails_the_turn_instead_of_passing_for_one(

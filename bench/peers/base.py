@@ -113,6 +113,11 @@ class Reply:
     counts: tuple[Any, Any] | None = None
     """The token counts the service reports (prompt, completion) in place of its own, whatever
     they are: OpenAI's ``usage``, Ollama's ``prompt_eval_count`` and ``eval_count``."""
+    raw_content: list[bytes] = field(default_factory=list)
+    """(OpenAI) Text streamed after ``chunks``, a chunk for each piece, its bytes put in the
+    chunk's JSON string as they are (bytes that are no UTF-8, a character cut short), each line
+    written in two writes cut in the middle of its piece (a character's bytes split between
+    two of them)."""
 
     @property
     def text(self) -> str:
@@ -284,17 +289,17 @@ class UpstreamPeer:
         self,
         rec: RecordedRequest,
         resp: web.StreamResponse,
-        data: str,
+        data: str | bytes,
         *,
         counted: bool = True,
         chunks: int = 1,
     ) -> None:
-        """Write (and flush) one piece of the body (``chunks`` chunks); counted pieces obey the
-        pacing."""
+        """Write (and flush) one piece of the body (``chunks`` chunks; bytes as they are);
+        counted pieces obey the pacing."""
         reply = rec.reply or self.default
         if counted and rec.chunks_sent > 0 and reply.delay > 0:
             await asyncio.sleep(reply.delay)
-        await resp.write(data.encode("utf-8"))
+        await resp.write(data if isinstance(data, bytes) else data.encode("utf-8"))
         if reply.delay <= 0:
             # A write the socket takes whole does not yield: without this, an unpaced reply
             # would hold the loop of the process it shares (the tests') for as long as its

@@ -277,6 +277,10 @@ class OpenAIPeer(UpstreamPeer):
             pieces = reply.chunks[start : start + step]
             data = "".join(map(content, pieces))
             await self.emit(rec, resp, data, chunks=len(pieces))
+        for raw in reply.raw_content:
+            before, after = event({"content": "\0"}).encode().split(b"\\u0000")
+            await self.emit(rec, resp, before + raw[: len(raw) // 2])
+            await self.emit(rec, resp, raw[len(raw) // 2 :] + after, counted=False)
         if reply.garbage is not None:
             await self.emit(rec, resp, f"data: {reply.garbage}\n\n", counted=False)
 

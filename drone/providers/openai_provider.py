@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 from openai import AsyncStream
+from openai._streaming import SSEBytesDecoder, SSEDecoder
 from openai.types.chat import ChatCompletion
 
 from hangar.shared.protocol import ANSWER_TOO_LONG, MAX_MESSAGE_BYTES, ChatMessage
@@ -34,10 +35,19 @@ from .base import (
     call_arguments,
     said_by_service,
 )
+from .event_stream import ReplacingDecoder
 from .message_json import MessageJson
 from .retry import retry_wait, too_long
 
 log = logging.getLogger("hangar.drone")
+
+
+class _Client(openai.AsyncOpenAI):
+    """The SDK's client, whose streams read bytes that are no UTF-8 as U+FFFD, as the Ollama
+    SDK's do: its own failed the turn at the first such byte a service sent."""
+
+    def _make_sse_decoder(self) -> SSEDecoder | SSEBytesDecoder:
+        return ReplacingDecoder()
 
 
 class OpenAIProvider:
@@ -56,7 +66,7 @@ class OpenAIProvider:
         self.max_retries = max_retries
         # The drone tries requests again itself (``retry``): the SDK's own waits would pass for
         # the model's silence.
-        self.client = openai.AsyncOpenAI(
+        self.client = _Client(
             api_key=api_key or "unused", base_url=base_url, max_retries=0, timeout=timeout
         )
         self.messages = MessageJson(_message)
