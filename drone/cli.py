@@ -325,7 +325,12 @@ def run(args: argparse.Namespace) -> int:
             AbortError(OPERATOR_STOP, cause="operator"),
             AbortError(SHUT_DOWN, cause="shutdown"),
         )
-        return await run_drone(config, root, live_status=live_status)
+        try:
+            return await run_drone(config, root, live_status=live_status)
+        except AbortError as error:
+            if error is not root.signal.reason:
+                raise
+            return 0  # stopped while it started: its workers never ran (``WorkerPool.start``)
 
     return runtime.run(main())
 

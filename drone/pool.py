@@ -133,12 +133,12 @@ class WorkerPool:
 
     async def start(self, within: float = START_WITHIN) -> None:
         """Start every worker and wait until each is ready; ``WorkerStartError`` if one ends
-        first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it returns, and
-        starts no more."""
+        first (or none is ready in time). The drone stopped meanwhile (Ctrl-C), it starts no
+        more, closes the pool and raises the stop's ``AbortError``: no worker runs."""
         self._lives = [asyncio.ensure_future(watch(self.workers, lambda: self.root.aborted))]
         for worker in self.workers:  # one at a time: starting a process holds the loop (a fork)
             if self.root.aborted:
-                return
+                break
             self._lives.append(asyncio.ensure_future(self._live(worker)))
             await asyncio.sleep(0)  # it starts; a Ctrl-C meanwhile is taken before the next
         for worker in self.workers:
@@ -150,7 +150,8 @@ class WorkerPool:
                 for task in tasks:
                     task.cancel()
             if self.root.aborted:
-                return
+                await self.close()
+                self.root.throw_if_aborted()
             if not worker.ready.is_set():
                 process = worker.process
                 code = process.returncode if process is not None else None

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import inspect
 import logging
 import os
 import signal
@@ -58,18 +59,31 @@ def event_loop_name() -> str:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion in a new event loop (see the module's docstring)."""
-    try:
-        loop = event_loop_name()
-    except UnknownEventLoop:
-        main.close()  # never to run
-        raise
-    freeze_heap()
-    if loop == "uvloop":
-        import uvloop
+    """Run ``main`` to completion in a new event loop (see the module's docstring).
 
-        return uvloop.run(main)
-    return asyncio.run(main)
+    Until ``main`` runs, the process has no signal handling of its own: a Ctrl-C meanwhile (as
+    uvloop loads, the heap is frozen or the loop is made) raises ``KeyboardInterrupt`` here, as
+    it would have while the program loaded, and ``main``, never to run, is closed (else Python
+    warns that it was never awaited). ``main`` is the loop's task itself, not awaited by a
+    wrapper of uvloop's (``uvloop.run``) that a Ctrl-C could cancel before it got to ``main``.
+    """
+    try:
+        factory = loop_factory(event_loop_name())
+        freeze_heap()
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main)
+    finally:
+        if inspect.getcoroutinestate(main) == inspect.CORO_CREATED:
+            main.close()
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop ``name`` (``event_loop_name``); None: asyncio's own."""
+    if name != "uvloop":
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
 
 
 def freeze_heap() -> None:
