@@ -68,6 +68,9 @@ STORE_WAIT = 1.0
 """Seconds an abort waits for the database before it asks Redis whose the turn is."""
 OWNER_APPROVES = "Only the person whose turn it is may approve its tool calls."
 DRONE_AWAY = "The drone does not answer just now; try again in a moment."
+ANSWER_UNCONFIRMED = (
+    "The drone has not confirmed this answer: it may still act on it when it answers again."
+)
 EMPTY_PROMPT = "The prompt is empty: it has nothing to read."
 REQUEST_ID_TAKEN = "This request id was already used for another prompt; make a new one."
 ABORT_ANSWER = 2.0
@@ -361,8 +364,9 @@ class TurnLifecycle(TurnEndings):
             result = await self.directory.call(
                 APPROVE_TOOL_CALL, answer.wire(), route, within=self.abort_answer
             )
-        except socketio.exceptions.SocketIOError:
-            return {"ok": False, "error": DRONE_AWAY}
+        except socketio.exceptions.SocketIOError:  # sent: a frozen drone takes it on waking
+            log.info("tool call %s turn=%s: not confirmed", answer.call_id, turn.turn_id)
+            return {"ok": False, "error": ANSWER_UNCONFIRMED}
         if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
             return {"ok": False, "error": "The drone gave an invalid answer."}
         if result["ok"] and answer.approve and answer.always:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from hangar.drone.worker import DroneConfig, run_drone
 from hangar.server.accounts import Accounts
 from hangar.server.app import RelayConfig
 from hangar.server.postgres_store import PostgresTurnStore
-from hangar.server.turns import OWNER_APPROVES
+from hangar.server.turns import ANSWER_UNCONFIRMED, OWNER_APPROVES
 from hangar.shared.abort import AbortController, AbortError
 from hangar.shared.protocol import (
     ABORT_SIGNALED,
@@ -412,6 +413,43 @@ async def test_an_approval_given_on_one_relay_reaches_a_drone_on_another(
     finally:
         await browser.close()
         await store.close()
+
+
+async def test_an_answer_a_frozen_drone_did_not_confirm_is_not_said_to_be_lost(
+    drone_process: Start, openai_peer: OpenAIPeer, tmp_path: Path
+) -> None:
+    """A person's Approve to a drone frozen meanwhile was refused with "The drone does not
+    answer just now; try again in a moment.", and the drone, awake again, ran the command all
+    the same (a Deny after it, refused the same way, changed nothing). What the relay sent
+    cannot be taken back: the refusal now says the drone may still act on it."""
+    config = RelayConfig(
+        port=0,
+        database=str(relay_folder(tmp_path) / "hangar.db"),
+        drone_token=DRONE_TOKEN,
+        abort_answer=1.0,
+        drone_grace=10.0,
+    )
+    openai_peer.script(shell("echo ran > ran.txt"), Reply(chunks=["Ran."]))
+    async with relay_on(config) as relay:
+        drone = drone_process(Upstream("openai", openai_peer), relay.url, tools="run_shell=ask")
+        await eventually(lambda: relay.relay.directory.local, timeout=15, what="the drone")
+        browser = await Browser(relay.url, await relay.people.token("ada")).connect()
+        try:
+            turn_id = (await browser.submit("Run it"))["turnId"]
+            call = await waiting_call(browser, turn_id, timeout=15)
+            drone.send_signal(signal.SIGSTOP)
+            try:
+                approved = await answer(browser, turn_id, call["callId"], approve=True)
+                declined = await answer(browser, turn_id, call["callId"], approve=False)
+            finally:
+                drone.send_signal(signal.SIGCONT)
+
+            assert approved == declined == {"ok": False, "error": ANSWER_UNCONFIRMED}
+            assert await browser.completion(turn_id, timeout=15) == (turn_id, True, "Ran.")
+            assert (tmp_path / "ran.txt").read_text() == "ran\n"  # the first answer it got
+            assert states(browser, turn_id) == ["waiting", "start", "end"]
+        finally:
+            await browser.close()
 
 
 async def test_a_drone_with_no_sandbox_says_so_and_always_asks_before_a_command(
