@@ -100,6 +100,7 @@ class WorkerProcess:
         self.exited.clear()
         process = await asyncio.create_subprocess_exec(
             sys.executable,
+            "-P",  # not the drone's folder first on the module path: its commands write there
             "-m",
             "hangar.drone.worker_process",
             stdin=asyncio.subprocess.PIPE,

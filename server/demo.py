@@ -153,6 +153,7 @@ async def demo(config: RelayConfig, model: str, workdir: str | None, log_level: 
     # a demo killed outright takes it along (SIGTERM: it still stops as if Ctrl-C'd).
     drone = await asyncio.create_subprocess_exec(
         sys.executable,
+        "-P",  # not the current folder first on the module path: its commands may write there
         "-m",
         "hangar.drone",
         *arguments,

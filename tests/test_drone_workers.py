@@ -789,6 +789,58 @@ async def test_a_command_reads_nothing_of_the_drones_keyring(
     assert SECRET not in end["result"], end["result"]
 
 
+PLANT = (
+    "mkdir -p hangar && printf '%s\\n' "
+    '\'open(__file__ + ".ran", "w").write(repr(__import__("os").environ))\' '
+    "> hangar/__init__.py"
+)
+"""A command that leaves Python code named as the drone's own package in its work directory."""
+
+
+async def test_code_a_command_leaves_in_the_work_directory_never_runs_in_a_worker(
+    relay: RelayHandle, openai_peer: OpenAIPeer, browser: Browser, tmp_path: Path
+) -> None:
+    """A drone works by default in the folder it was started in. Its workers, started from
+    there with ``-m``, looked for modules there first: a command (in the sandbox) wrote
+    ``hangar/__init__.py`` there, and the next worker to start (after a restart of the drone,
+    or a worker replaced) ran it outside the sandbox, with the drone's environment."""
+    openai_peer.script(
+        Reply(chunks=[], tool_calls=[ScriptedToolCall("run_shell", {"command": PLANT})]),
+        Reply(chunks=["Planted."]),
+        Reply(chunks=["Still here."]),
+    )
+    settings = Upstream("openai", openai_peer).drone_settings()
+    drone = subprocess.Popen(  # noqa: ASYNC220 (started at once; waited for below)
+        [sys.executable, "-P", "-m", "hangar.shared.cli", "drone", "--server", relay.url,
+         "--token", DRONE_TOKEN, "--tools", "all=allow", "--workers", "1",
+         "--provider", "openai", "--model", settings["model"],
+         "--base-url", settings["base_url"], "--api-key", settings["api_key"]],
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: relay.relay.directory.local, timeout=20, what="the drone")
+        first = await browser.submit("Leave a file")
+        assert await browser.completion(first["turnId"], timeout=20) == (
+            first["turnId"], True, "Planted."
+        )  # fmt: skip
+        assert (tmp_path / "hangar" / "__init__.py").exists()
+        [worker] = worker_pids(drone.pid)
+        os.kill(worker, signal.SIGKILL)
+        await eventually(
+            lambda: [pid for pid in worker_pids(drone.pid) if pid != worker and alive(pid)],
+            timeout=20,
+            what="a new worker",
+        )
+        second = await browser.submit("Go on", sessionId=first["sessionId"])
+        assert await browser.completion(second["turnId"], timeout=20) == (
+            second["turnId"], True, "Still here."
+        )  # fmt: skip
+    finally:
+        drone.kill()
+        drone.wait(10)
+    assert not (tmp_path / "hangar" / "__init__.py.ran").exists()
+
+
 @pytest.mark.parametrize(
     ("cause", "ending"),
     [
