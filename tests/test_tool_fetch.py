@@ -163,13 +163,17 @@ async def test_fetch_refuses_a_public_looking_name_that_resolves_to_loopback(v4:
         ("2002:7f00:1::1", "a 6to4 address of a loopback address"),
         ("2002:a00:1::", "a 6to4 address of a private address"),
         ("fec0::1", "a site-local address"),
+        ("192.0.0.8", "a non-public address"),
+        ("::ffff:c000:8", "a non-public address"),  # ::ffff:192.0.0.8
+        ("3fff::1", "a non-public address"),
     ],
 )
 async def test_fetch_refuses_ipv6_addresses_that_lead_to_private_networks(
     address: str, why: str
 ) -> None:
     """A 6to4 address reaches the IPv4 host it wraps (10.0.0.1, 127.0.0.1) where 6to4 is
-    routed, and site-local addresses are private: some Python releases call both global."""
+    routed, and site-local addresses are private: some Python releases call both global, and
+    also IETF protocol assignments (192.0.0.0/24) and IPv6's newer documentation block."""
     url = "http://www.example.com/"
 
     with pytest.raises(ToolError) as refused:

@@ -37,6 +37,13 @@ class AddressRefusedError(OSError):
     connector passes it on as a connection error)."""
 
 
+NOT_GLOBAL = (ipaddress.ip_network("192.0.0.0/24"), ipaddress.ip_network("3fff::/20"))
+"""IETF protocol assignments and IPv6's newer documentation block: not globally reachable, and
+global to Python before 3.11.10 and 3.12.4 (the first) and 3.13 (the second)."""
+EXCEPTED = (ipaddress.ip_address("192.0.0.9"), ipaddress.ip_address("192.0.0.10"))
+"""The two of them that are globally reachable (port control, traversal relays)."""
+
+
 @dataclass(frozen=True)
 class AddressPolicy:
     """Which addresses ``fetch_url`` may connect to: public ones, unless ``allow_private``;
@@ -66,6 +73,7 @@ class AddressPolicy:
             ("a private", address.is_private),
             ("a reserved", address.is_reserved),
             ("a non-public", not address.is_global),
+            ("a non-public", any(address in n for n in NOT_GLOBAL) and address not in EXCEPTED),
         )
         return next((f"{kind} address" for kind, found in kinds if found), None)
 
