@@ -271,6 +271,25 @@ async def test_file_tools_follow_symlinks_that_stay_inside_and_take_absolute_pat
     assert not (tmp_path / "x.txt").exists()
 
 
+async def test_an_absolute_path_is_followed_one_folder_at_a_time_as_a_relative_one_is(
+    workdir: Path,
+) -> None:
+    """An absolute path lost its ".." before its symlinks were followed: "fwd/sub/up/../ok.txt"
+    (``up`` a link to "..") read fwd/sub/ok.txt written absolute, ok.txt written relative (as
+    the system reads it), and "gone/../ok.txt" read ok.txt though "gone" does not exist."""
+    (workdir / "fwd" / "sub").mkdir(parents=True)
+    (workdir / "fwd" / "sub" / "up").symlink_to("..")
+    (workdir / "ok.txt").write_text("top")
+    (workdir / "fwd" / "ok.txt").write_text("fwd")
+    (workdir / "fwd" / "sub" / "ok.txt").write_text("sub")
+
+    assert await read_file(workdir, "fwd/sub/up/../ok.txt") == "top"
+    assert await read_file(workdir, str(workdir / "fwd/sub/up/../ok.txt")) == "top"
+    for path in ("gone/../ok.txt", str(workdir / "gone/../ok.txt")):
+        with pytest.raises(ToolError):
+            await read_file(workdir, path)
+
+
 async def test_a_listing_shows_symlinks_as_themselves_and_nothing_of_where_they_lead(
     workdir: Path, tmp_path: Path
 ) -> None:

@@ -20,7 +20,7 @@ import os
 import stat
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TypeVar
 
 from hangar.shared.abort import AbortSignal
@@ -56,10 +56,11 @@ def _parts(root: Path, path: str, where: str) -> list[str]:
         raise ToolError(f"A path may be {MAX_PATH_CHARS} characters long at most.")
     if not where.startswith("/"):
         return where.split("/")
-    absolute = PurePosixPath(os.path.normpath(where))
-    if not absolute.is_relative_to(root):
+    if where == str(root):
+        return []
+    if not where.startswith(f"{root}/"):  # not made to look inside by "..": walked as written
         raise _outside(path)
-    return list(absolute.relative_to(root).parts)
+    return where[len(str(root)) + 1 :].split("/")
 
 
 def _walk(root: Path, path: str, *, make_folders: bool = False) -> tuple[int, str, bool]:
