@@ -215,9 +215,12 @@ class Rooms:
             (t.turn_id for t in await self.store.processing_turns(session_id=session_id)), None
         )
         page, before, more, where = Page(), request.before, True, None
-        while more and len(page.turns) < request.limit:
+        # The first page holds the running turn, after any turns queued behind it (newer).
+        running = processing if request.before is None else None
+        while more and (len(page.turns) < request.limit or running is not None):
             wanted = min(
-                READ_AT_ONCE if page.turns else READ_FIRST, request.limit - len(page.turns)
+                READ_AT_ONCE if page.turns else READ_FIRST,
+                max(request.limit - len(page.turns), 1),
             )
             turns, more = await self.store.recent_turns(session_id, wanted, before)
             if where is None and any(turn.status == "queued" for turn in turns):
@@ -225,22 +228,18 @@ class Rooms:
                     p.turn_id: p.position for p in await queue.where_queued(self.store, self.live)
                 }
             for turn in reversed(turns):
-                if not page.add((await self._turn_view(turn, where or {})).wire()):
+                view = (await self._turn_view(turn, where or {})).wire()
+                if not page.add(view, ahead=running is not None):
                     more = True
                     break
+                running = None if turn.turn_id == running else running
             else:
                 before = turns[0].turn_id if turns else None
                 continue
             break
-        names = await self.accounts.names({session.owner} - {viewer.user_id})
-        queued = await queue.queued_per_session(self.store, session.owner)
         return {
             "ok": True,
-            "session": session.view(
-                processing,
-                owner_name(names, session.owner, viewer.user_id),
-                queued.get(session_id, 0),
-            ).wire(),
+            "session": (await self._views([session], viewer.user_id))[0],
             "turns": page.turns[::-1],
             "more": more,
         }

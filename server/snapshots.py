@@ -61,14 +61,17 @@ class Page:
         self.turns: list[dict[str, Any]] = []
         """Newest first."""
 
-    def add(self, turn: dict[str, Any]) -> bool:
+    def add(self, turn: dict[str, Any], ahead: bool = False) -> bool:
         """Add a turn's view (wire form) if it fits; the first always goes in, cut to fit if
-        it must, and so does a running turn (a page without it would show its session idle).
-        False once the page is full."""
+        it must, and so does a running turn (a page without it would show its session idle),
+        and a turn ``ahead`` of it (queued after it: its prompt cut to ``SHORT_CHARS``, so
+        that the running turn still finds room). False once the page is full."""
         size = json_size(turn)
         if self.used + size > self.budget:
-            if self.turns and turn.get("status") != "processing":
+            if self.turns and not ahead and turn.get("status") != "processing":
                 return False
+            if ahead and turn.get("status") != "processing":
+                turn = {**turn, "prompt": cut(turn.get("prompt", ""), SHORT_CHARS)}
             turn = fitted(turn, max(self.budget - self.used, 0))
             size = json_size(turn)
         self.turns.append(turn)

@@ -156,6 +156,40 @@ async def test_a_call_waiting_comes_whole_and_the_sub_agents_output_gives_way(
     assert len(head) + left_out == 400_000 and len(head) > 100_000
 
 
+@pytest.mark.parametrize(
+    ("prompt", "limits"),
+    [("a follow-up", (1, 3)), (EMOJI * 99_990, (30,))],
+    ids=["three follow-ups, a page of 1 or 3", "three follow-ups of 1.2 MB each"],
+)
+async def test_the_running_turn_and_its_waiting_calls_are_in_the_first_page_whatever_follows(
+    relay: RelayHandle,
+    drone: AnsweringDrone,
+    browsers: Callable[..., Any],
+    prompt: str,
+    limits: tuple[int, ...],
+) -> None:
+    """docs/protocol.md: "A processing turn is always in the first page". The follow-ups
+    queued behind it are newer and filled the page first: it held only queued turns, and the
+    page, with nothing to stream into, showed the session idle. The session's view said no
+    call waited for approval, where the session list said one did."""
+    owner, ack = await running_turn(browsers, drone)
+    turn_id, session_id = ack["turnId"], ack["sessionId"]
+    await drone.tool(turn_id, "ask", "waiting", name="run_shell", arguments='{"command": "ls"}')
+    await eventually(lambda: owner.progress(turn_id, "tool"), what="the waiting call")
+    for n in range(3):
+        assert (await owner.submit(f"{n} {prompt}", sessionId=session_id))["ok"] is True
+    other: Browser = await browsers("ada")
+
+    for limit in limits:
+        snapshot = await other.call("openSession", {"sessionId": session_id, "limit": limit})
+
+        shown = [(turn["turnId"], turn["status"]) for turn in snapshot["turns"]]
+        assert (turn_id, "processing") in shown, (limit, shown)
+        assert [turn["status"] for turn in snapshot["turns"]][-3:] == ["queued"] * 3
+        assert json_size(snapshot["turns"]) <= SNAPSHOT_BYTES
+        assert snapshot["session"]["approvals"] == 1
+
+
 def processing(**parts: Any) -> dict[str, Any]:
     """A running turn's view as a snapshot holds it (wire form)."""
     return {
