@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import re
 import time
+from collections import OrderedDict
 from typing import Any
 
 import socketio
@@ -42,6 +42,10 @@ log = logging.getLogger("hangar.relay")
 SESSION_COALESCE = 0.05
 """Seconds a session's changed line waits for the session's other changes."""
 
+LAST_TIME = 253_402_300_799.0
+"""The end of the year 9999 in seconds since 1970: no later time is a session's activity."""
+REMOVED_KEPT = 1000
+"""Deleted sessions a relay remembers (``Rooms._removed``)."""
 READ_FIRST, READ_AT_ONCE = 4, 13
 """Turns a snapshot reads from the store at once, first and then (30, the page's default, in
 three reads): a session of large answers is never read whole."""
@@ -83,8 +87,8 @@ def parse_cursor(cursor: str) -> SessionCursor | None:
         when = float(activity)
     except ValueError:
         return None
-    # A session's last activity is a time since 1970: never infinite, never negative.
-    return SessionCursor(when, session_id) if math.isfinite(when) and when >= 0 else None
+    # A session's last activity is a time since 1970: never infinite, negative or past 9999.
+    return SessionCursor(when, session_id) if 0 <= when <= LAST_TIME else None
 
 
 class Rooms:
@@ -99,6 +103,9 @@ class Rooms:
         self._moved: set[str] = set()
         """Sessions whose line changed and goes out with the next ``SESSION_COALESCE``."""
         self._sending: asyncio.Task[None] | None = None
+        self._removed: OrderedDict[str, None] = OrderedDict()
+        """Sessions deleted here lately: a change of one read before it was deleted is not sent
+        after its removal (a browser would list it again)."""
 
     async def join_session(self, sid: str, session_id: str) -> None:
         await self.sio.enter_room(sid, session_room(session_id), namespace=IDE_NAMESPACE)
@@ -149,6 +156,8 @@ class Rooms:
     async def _changed(self, session: SessionRecord) -> dict[str, Any]:
         """Tell the owner's browsers the session's view; returns it."""
         view = (await self._views([session], session.owner))[0]
+        if session.session_id in self._removed:  # deleted meanwhile: "removed" went out first
+            return view
         await self.sio.emit(
             SESSION_CHANGED,
             {"session": view},
@@ -287,6 +296,9 @@ class Rooms:
         if not deleted:
             return {"ok": False, "error": UNKNOWN_SESSION}
         log.info("session deleted session=%s by=%s", session_id, viewer.name)
+        self._removed[session_id] = None
+        while len(self._removed) > REMOVED_KEPT:
+            self._removed.popitem(last=False)
         rooms = [owner_room(session.owner), owner_room(viewer.user_id), session_room(session_id)]
         await self.sio.emit(
             SESSION_REMOVED, {"sessionId": session_id}, room=rooms, namespace=IDE_NAMESPACE

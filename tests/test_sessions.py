@@ -133,13 +133,13 @@ async def test_a_page_request_that_is_malformed_is_refused_with_a_sentence(
     # No relay hands out a time that is not one: these gave the first page, or an empty one.
     endless = [
         await browser.call("listSessions", {"cursor": f"{time}~s_1"})
-        for time in ("1e400", "-1e400", "-5")
+        for time in ("1e400", "-1e400", "-5", "1e308", "9" * 32, "1e18")  # 1e18: past 9999
     ]
     too_many = await browser.call("listSessions", {"limit": 1000})
 
     assert bad_cursor["ok"] is False and bad_cursor["error"].startswith("Invalid payload (cursor")
     assert odd_cursor == {"ok": False, "error": "Invalid payload (cursor: not a page's next)."}
-    assert endless == [odd_cursor] * 3
+    assert endless == [odd_cursor] * 6
     assert too_many["ok"] is False and too_many["error"].startswith("Invalid payload (limit")
 
 
@@ -160,7 +160,11 @@ async def test_a_malformed_rename_or_deletion_is_refused_with_a_sentence(
 
 async def test_a_browser_is_sent_no_session_list_when_it_connects(browsers: Start) -> None:
     alice = await browsers("alice")
-    await ended_quickly(alice, "Something to list")
+    ack = await ended_quickly(alice, "Something to list")
+    await eventually(  # its ending's line went out (to the browsers connected then)
+        lambda: any(v["queuedTurns"] == 0 for v in changes_of(alice, ack["sessionId"])),
+        what="the session's line",
+    )
 
     again = await browsers("alice")
     assert (await listed(again))["sessions"]  # asked for, a page at a time
@@ -758,6 +762,26 @@ async def test_a_session_that_moves_while_others_are_sent_is_sent_too(
     assert {data["session"]["sessionId"] for _, data in session_events(alice)} == {
         f"s_{n:03d}" for n in range(201)
     }
+
+
+async def test_a_change_read_before_a_deletion_never_follows_it(
+    relay: RelayHandle, browsers: Start
+) -> None:
+    """A session's changed line read from the store just before the session was deleted went
+    out after ``sessionRemoved`` (5 times in 80 when a turn ended 35-75 ms before the delete):
+    the owner's other tab listed the deleted session again, and opening it said "Unknown
+    session."."""
+    await relay.people.token("alice")
+    session = SessionRecord("s_gone", await user_id(relay, "alice"), "Gone")
+    await relay.relay.store.create_session(session)
+    alice, other = await browsers("alice"), await browsers("alice")
+
+    assert await alice.call("deleteSession", {"sessionId": "s_gone"}) == {"ok": True}
+    await relay.relay.rooms._changed(session)  # the line as read before, sent only now
+    assert (await other.call("listSessions", {}))["ok"] is True  # what came before has come
+
+    assert (SESSION_REMOVED, {"sessionId": "s_gone"}) in other.events
+    assert changes_of(other, "s_gone") == []
 
 
 async def test_a_title_keeps_no_control_character(browser: Browser) -> None:
