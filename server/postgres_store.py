@@ -138,7 +138,10 @@ class PostgresTurnStore:
             query,
             after,
             limit,
-            lambda column: f"strpos(lower(left({column}, {SEARCHED_CHARS})), ?) > 0",
+            lambda column: (
+                f"strpos(translate(lower(left({column}, {SEARCHED_CHARS})), 'ς', 'σ'),"
+                " translate(lower(?), 'ς', 'σ')) > 0"
+            ),
         )
         rows = await self.pool.fetch(_numbered(sql), *_texts(tuple(values)))
         return [SessionRecord(**dict(row)) for row in rows]

@@ -65,6 +65,12 @@ def refuse_foreign(conn: sqlite3.Connection) -> None:
 
 
 def finds(text: str | None, needle: str) -> bool:
-    """Whether ``needle`` (lowered) is in the first ``SEARCHED_CHARS`` of ``text``, lowered:
-    SQLite's lower() folds ASCII only, this every letter, as PostgreSQL's does."""
-    return isinstance(text, str) and needle in text[:SEARCHED_CHARS].lower()
+    """Whether ``needle`` is in the first ``SEARCHED_CHARS`` of ``text``, both ``folded``:
+    SQLite's lower() folds ASCII only."""
+    return isinstance(text, str) and folded(needle) in folded(text[:SEARCHED_CHARS])
+
+
+def folded(text: str) -> str:
+    """``text`` in small letters, a final sigma as any other ("ΟΔΥΣΣΕΑΣ" and "οδυσσεας" alike),
+    as ``postgres_store`` folds it with PostgreSQL's own lower()."""
+    return text.lower().replace("ς", "σ")

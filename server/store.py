@@ -267,7 +267,8 @@ def list_sessions_sql(
     finds: Callable[[str], str],
 ) -> tuple[str, list[Any]]:
     """The statement of ``TurnStore.list_sessions`` and its values; ``finds(column)`` tests
-    that the lowered query is in the column's first ``SEARCHED_CHARS``, lowered, in linear time
+    that the query, folded, is in the column's first ``SEARCHED_CHARS``, folded the same way
+    by the same database (lowered, a final sigma as any other), in linear time
     (``LIKE '%…%'`` backtracks: seconds over long prompts). A page walks its order's index."""
     where: list[str] = []
     values: list[Any] = []
@@ -282,8 +283,7 @@ def list_sessions_sql(
             f"({finds('title')} OR EXISTS (SELECT 1 FROM turns"
             f" WHERE turns.session_id = sessions.session_id AND {finds('turns.prompt')}))"
         )
-        needle = query.lower()
-        values += [needle, needle]
+        values += [query, query]
     sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY last_activity DESC, session_id DESC"
     if limit is not None:

@@ -415,6 +415,21 @@ async def test_search_finds_sessions_by_title_or_prompt_in_any_case(browsers: St
     assert len(paged["sessions"]) == 2 and "next" in paged
 
 
+async def test_search_finds_a_title_by_its_own_text_and_greek_in_either_sigma(
+    browsers: Start,
+) -> None:
+    """PostgreSQL's lower() and Python's differ (a final sigma, a dotted I): a title searched
+    for by its own exact text was not found on PostgreSQL, and a Greek word typed in small
+    letters, with its final sigma, matched its capitals on one store and not the other."""
+    alice = await browsers("alice")
+    greek = await ended_quickly(alice, "ΟΔΥΣΣΕΑΣ myth")
+    turkish = await ended_quickly(alice, "İZMİR notes")
+
+    for query in ("ΟΔΥΣΣΕΑΣ", "οδυσσεας", "οδυσσεασ", "ΟΔΥΣΣΕΑΣ MYTH"):
+        assert ids(await listed(alice, query=query)) == [greek["sessionId"]], query
+    assert ids(await listed(alice, query="İZMİR")) == [turkish["sessionId"]]
+
+
 # ---- stores made before last activity was kept
 
 
