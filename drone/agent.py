@@ -48,7 +48,7 @@ from .providers import (
     ToolSpec,
     UsageReport,
 )
-from .providers.base import EMPTY_ANSWER
+from .providers.base import EMPTY_ANSWER, WholeText
 
 log = logging.getLogger("hangar.agent")
 
@@ -226,10 +226,12 @@ class Agent:
         stream is closed there, and what came before it is not kept."""
         counted = False
         size = 0
+        whole = WholeText()
         try:
             with linked_controller(signal) as call, _StallWatch(call, self.stall) as watch:
                 async with call.signal.scope() as scope:
-                    options = ChatOptions(self.provider.model, scope.signal, watch.hold)
+                    model, hold = self.provider.model, watch.hold
+                    options = ChatOptions(model, scope.signal, hold, self.turn_id)
                     stream = self.provider.chat(messages, self.tools.specs, options)
                     async with aclosing(stream) as events:
                         async for event in events:
@@ -237,23 +239,30 @@ class Agent:
                             size += _wire_size(event)
                             if size > MAX_MESSAGE_BYTES:
                                 raise ProviderError(ANSWER_TOO_LONG)
-                            await self._take(event, text, calls)
+                            await self._take(event, text, calls, whole)
                             counted = counted or isinstance(event, UsageReport)
         finally:
+            await self._said(whole.end(), text)  # a half held back: nothing is left dangling
             if not counted:
                 self.tally.estimate(messages, len(text) + len(calls))
 
-    async def _take(self, event: ChatEvent, text: list[str], calls: list[ToolCall]) -> None:
+    async def _take(
+        self, event: ChatEvent, text: list[str], calls: list[ToolCall], whole: WholeText
+    ) -> None:
         if isinstance(event, TextChunk):
-            chunk = whole_text(event.text)
-            text.append(chunk)
-            await self.report.text(chunk, self.depth)
+            await self._said(whole.add(event.text), text)
         elif isinstance(event, ToolCallRequest):
+            await self._said(whole.end(), text)
             name, arguments = whole_text(event.name), whole_text(event.arguments)
             name = name[:MAX_TOOL_NAME] or "unnamed"  # no tool is named so: an error result
             calls.append(ToolCall(id=self.tally.call_id(event.id), name=name, arguments=arguments))
         elif isinstance(event, UsageReport):
             self.tally.counted(event)
+
+    async def _said(self, chunk: str, text: list[str]) -> None:
+        if chunk:
+            text.append(chunk)
+            await self.report.text(chunk, self.depth)
 
     async def _run_tools(
         self,

@@ -118,6 +118,10 @@ class Reply:
     chunk's JSON string as they are (bytes that are no UTF-8, a character cut short), each line
     written in two writes cut in the middle of its piece (a character's bytes split between
     two of them)."""
+    events: list[str] | None = None
+    """(OpenAI) The stream's chunks as the JSON given, one ``data:`` line each, in place of the
+    ones ``chunks``, ``tool_calls`` and ``finish`` make (a service's own shapes: several
+    choices, no finish reason); then ``[DONE]``, unless ``cut_short``."""
 
     @property
     def text(self) -> str:

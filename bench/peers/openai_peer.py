@@ -255,6 +255,13 @@ class OpenAIPeer(UpstreamPeer):
         rec.status = 200
         await resp.prepare(request)
         await self.pace_start(rec, reply)
+        if reply.events is not None:
+            for data in reply.events:
+                await self.emit(rec, resp, f"data: {data}\n\n")
+            if reply.cut_short:
+                return await self.cut(request, rec, resp)
+            await self.emit(rec, resp, "data: [DONE]\n\n", counted=False)
+            return await self.finish(rec, resp)
 
         role_sent = False
         if reply.chunks or not reply.tool_calls:

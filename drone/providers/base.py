@@ -41,6 +41,30 @@ class TextChunk:
     text: str
 
 
+class WholeText:
+    """A model's streamed text as whole characters. A service may split a character beyond
+    U+FFFF between two chunks as the halves of its UTF-16 pair (JSON's ``"\\ud83d"``, then
+    ``"\\ude00"``): a first half ending a chunk is held back and joined to the second that starts
+    the next. Any half alone (also one held back when the text ends, ``end``) is U+FFFD."""
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def add(self, text: str) -> str:
+        """``text`` as whole characters, less a first half it ends with (held for the next)."""
+        text, self.held = self.held + text, ""
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            text, self.held = text[:-1], text[-1]
+        if text.isascii():
+            return text
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+    def end(self) -> str:
+        """What is held back, as the text ends there: U+FFFD, or nothing."""
+        held, self.held = self.held, ""
+        return "\ufffd" if held else ""
+
+
 @dataclass(frozen=True)
 class ToolCallRequest:
     id: str
@@ -112,6 +136,8 @@ class ChatOptions:
     hold: Callable[[float], None] = _unwatched
     """Called as the provider starts a wait the model service asked for (``Retry-After``), with
     its length: the silence a stall watch counts starts after it."""
+    turn_id: str = "-"
+    """The work order's turn, for log lines."""
 
 
 class ProviderError(Exception):

@@ -27,7 +27,19 @@ async def _valid_async(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 class ReplacingDecoder(SSEDecoder):
     """The openai SDK's decoder of server-sent events, over bytes made valid UTF-8 (its own
     decodes each line strictly: one byte that is no UTF-8 failed the whole stream). It reads the
-    response's bytes after their content encoding (gzip) is undone, whatever the transport."""
+    response's bytes after their content encoding (gzip) is undone, whatever the transport.
+    ``done`` tells whether the stream's ``[DONE]`` came: the SDK ends the stream there and says
+    nothing of it, so a stream that ended whole would not be told from one cut short."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def decode(self, line: str) -> ServerSentEvent | None:
+        event = super().decode(line)
+        if event is not None and event.data.startswith("[DONE]"):  # as the SDK reads it
+            self.done = True
+        return event
 
     def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[ServerSentEvent]:
         return super().iter_bytes(_valid(iterator))

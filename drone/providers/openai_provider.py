@@ -122,6 +122,8 @@ class OpenAIProvider:
             upstream.detach()
             # A bare break would leave the HTTP stream open; closing it releases the connection.
             await stream.close()
+        if not reading.finished and _done(stream):  # whole, though no reason came with it
+            reading.finished.append("stop")
         if not reading.finished:  # no choice ended: the stream was cut short (or was no stream)
             signal.throw_if_aborted()  # an abort may end the stream as if it were whole
             raise ProviderError(ENDED_EARLY)
@@ -158,10 +160,12 @@ class OpenAIProvider:
                     stream_cls=AsyncStream[object],
                 )
             except openai.APIError as error:
-                wait = retry_wait(error, self.max_retries - tried, tried)
+                wait, said = retry_wait(error, self.max_retries - tried, tried), _describe(error)
                 if wait is None:
-                    raise ProviderError(_describe(error) + too_long(error)) from error
-                log.info("%s Trying again in %.1f s.", _describe(error), wait)
+                    later = too_long(error)  # a sentence of its own, after the service's words
+                    raise ProviderError(_sentence(said) + later if later else said) from error
+                turn = options.turn_id
+                log.info("retry turn=%s: %s Trying again in %.1f s.", turn, _sentence(said), wait)
             options.hold(wait)  # the service's answer, not the model's silence
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
@@ -179,9 +183,10 @@ CUT_SHORT = {"length": CUT_AT_LENGTH, "content_filter": FILTERED}
 
 
 class _Reading:
-    """One stream's chunks as they come (the API's JSON): text goes out at once; tool call
-    pieces add up in ``calls`` (in the order they came: id, name, arguments so far), each choice's
-    ``finish_reason`` in ``finished``, and the last usage reported (a service may report it
+    """One stream's chunks as they come (the API's JSON), of its first choice only (the drone
+    asks for one; a service may send others): text goes out at once; tool call pieces add up
+    in ``calls`` (in the order they came: id, name, arguments so far), its ``finish_reason``
+    in ``finished`` (an empty one is none), and the last usage reported (a service may report it
     on more than one chunk: it counts the whole request each time) in ``usage``."""
 
     def __init__(self) -> None:
@@ -204,6 +209,8 @@ class _Reading:
                 prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
                 self.usage = UsageReport.of(prompt, completion) or self.usage
             for choice in chunk.get("choices") or ():
+                if choice.get("index") not in (0, None):  # another choice: never asked for
+                    continue
                 if choice.get("finish_reason"):
                     self.finished.append(str(choice["finish_reason"]))
                 delta = choice.get("delta") or {}
@@ -284,6 +291,17 @@ def _arguments(text: str) -> str:
     except (ValueError, RecursionError):
         return "{}"
     return text if isinstance(value, dict) else "{}"
+
+
+def _done(stream: AsyncStream[object]) -> bool:
+    """Whether the stream ended with its ``[DONE]`` (which the SDK reads without a word)."""
+    decoder = stream._decoder
+    return isinstance(decoder, ReplacingDecoder) and decoder.done
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence does, before another is added to it."""
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _describe(error: openai.APIError) -> str:
