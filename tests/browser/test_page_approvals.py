@@ -17,7 +17,7 @@ from playwright.async_api import Locator, Page, expect
 from bench.peers import OpenAIPeer, Reply, ScriptedToolCall
 from hangar.drone.approvals import DECLINED
 from hangar.drone.tools.policy import ToolPolicy
-from hangar.server.turns import DRONE_AWAY
+from hangar.server.turns import ANSWER_UNCONFIRMED
 from hangar.shared.protocol import (
     APPROVE_TOOL_CALL,
     DRONE_NAMESPACE,
@@ -492,7 +492,7 @@ async def test_a_refused_answer_shows_one_toast_and_keeps_the_card(
             await expect(approve).to_have_attribute("aria-disabled", "true")
             await page.keyboard.press("Enter")  # an answer is on its way: nothing more is sent
             errors = page.locator("#toasts .toast.error")
-            await expect(errors).to_have_text([DRONE_AWAY], timeout=WAIT_MS)
+            await expect(errors).to_have_text([ANSWER_UNCONFIRMED], timeout=WAIT_MS)
             await expect(approve).to_have_text("Approve")
             await expect(card).to_be_focused()
             await expect(card).to_be_visible()
