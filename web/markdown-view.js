@@ -2,7 +2,7 @@
 // once and kept; only the unfinished end is drawn again, at most once an animation frame, so a long
 // answer costs the page about the same per chunk at its end as at its start.
 
-import { markdown, renderPieces, renderTokens } from "./markdown.js";
+import { CodeText, markdown, renderPieces, renderTokens } from "./markdown.js";
 
 /**
  * Rendering may take at most this share of the main thread while text streams: after a frame's
@@ -18,6 +18,33 @@ const BUSY_SHARE = 0.25;
  * may still grow) waits for the next.
  */
 const TABLE_OPEN_ROWS = 8;
+
+/**
+ * A fenced code block still streaming is one block too, parsed, sanitised and highlighted again
+ * whole each frame (tasks of 300 ms by 4,000 lines). Past this many lines its complete lines are
+ * drawn for good as they come (`CodeText`): each frame reads only the text after them.
+ */
+const FENCE_OPEN_LINES = 8;
+/** At most about this many characters of a long code block's lines are drawn in one frame; a
+ * page behind the stream (a block that came all at once) catches up over the next frames. */
+const FENCE_FRAME_CHARS = 16_000;
+
+/**
+ * The fence of a long code block still open at the end of `token` (the last block): its first line
+ * and the pattern of the line that will close it, or null. Only a fence at the start of its line
+ * (marked takes an indented one's indent off its lines), with `FENCE_OPEN_LINES` lines after it.
+ */
+function openFence(token) {
+  if (token?.type !== "code" || token.codeBlockStyle) return null; // an indented block is not fenced
+  const head = /^(`{3,}|~{3,})[^\n]*\n/.exec(token.raw);
+  if (!head) return null;
+  const [line, marker] = head;
+  // marked's own closing line: the fence again, as long or longer, and spaces.
+  const closing = new RegExp(`^ {0,3}${marker}${marker[0]}* *$`);
+  const lines = token.raw.slice(line.length).split("\n").slice(0, -1);
+  if (lines.length <= FENCE_OPEN_LINES || lines.some((text) => closing.test(text))) return null;
+  return { head: line, closing };
+}
 
 /** How many characters of a table's `raw` its header, delimiter row and first `rows` rows take
  * (marked reads a table line by line: one row a line, after two of header). */
@@ -45,8 +72,9 @@ function drawWaiting() {
     frame = requestAnimationFrame(drawWaiting);
     return;
   }
-  for (const view of waiting) view.render();
-  waiting.clear();
+  const views = [...waiting];
+  waiting.clear(); // a view behind the stream asks for the next frame as it renders
+  for (const view of views) view.render();
   resumeAt = start + (performance.now() - start) / BUSY_SHARE;
   for (const listener of drawnListeners) listener();
 }
@@ -59,13 +87,15 @@ export function onDrawn(listener) {
 /**
  * The index of the first token that may still change. The last block may grow; so may the one
  * before it, as a partial last line can turn out to continue it ("2" becoming "2. second" in a
- * list), so two blocks stay open.
+ * list), so two blocks stay open; but not a fenced code block, which has ended once one follows.
  */
 function openFrom(tokens) {
   let i = tokens.length - 1;
   while (i > 0 && tokens[i].type === "space") i -= 1;
+  const last = i;
   if (i > 0) i -= 1;
   while (i > 0 && tokens[i].type === "space") i -= 1;
+  if (i < last && tokens[i].type === "code" && !tokens[i].codeBlockStyle) return last;
   return Math.max(i, 0);
 }
 
@@ -110,6 +140,9 @@ export class MarkdownView {
     /** A long table whose rows so far are drawn for good while more come: its header and
      * delimiter lines (the text after `settled` is read after them) and its `<tbody>`. */
     this.table = null;
+    /** A long code block whose lines so far are drawn for good while more come: its first line,
+     * the pattern of its closing line, and its text (a `CodeText`); `settled` is in its lines. */
+    this.fence = null;
   }
 
   /** Add streamed text; it is drawn in the next frame the renderer may use. */
@@ -125,7 +158,7 @@ export class MarkdownView {
 
   /** Draw what changed now; `final` when no more text comes (every block is settled then). */
   render(final = false) {
-    if (!this.dirty && !(final && this.settled < this.source.length)) return;
+    if (!this.dirty && !(final && (this.settled < this.source.length || this.fence))) return;
     this.dirty = false;
     try {
       this.draw(final);
@@ -146,14 +179,18 @@ export class MarkdownView {
 
   /** Draw what is not settled block by block (`renderPieces`); all of it settles if `final`. */
   drawPieces(final) {
-    // The rows of a long table still to come are drawn under its header, as a table of their own.
-    const text = (this.table?.head ?? "") + this.source.slice(this.settled);
+    // The rows of a long table still to come are drawn under its header, as a table of their own
+    // (and the lines of a long code block, as a block of their own).
+    const text = (this.table?.head ?? this.fence?.head ?? "") + this.source.slice(this.settled);
+    this.fence?.text.end("", final);
+    this.fence = null;
     const drawn = [...renderPieces(text, { settled: final }).childNodes];
     if (final) [this.settled, this.table] = [this.source.length, null];
     this.redraw(drawn, final ? drawn.length : 0);
   }
 
   draw(final) {
+    if (this.fence && this.drawFence(final)) return;
     const lexer = new markdown.Lexer(markdown.defaults);
     Object.assign(lexer.tokens.links, this.links);
     const head = this.table?.head ?? "";
@@ -173,13 +210,20 @@ export class MarkdownView {
     while (last > 0 && tokens[last].type === "space") last -= 1;
     const table = tokens[last];
     const long = !final && !def && table?.type === "table" && table.rows.length > TABLE_OPEN_ROWS;
-    if (long) split = last;
+    // So does a long code block, but for its lines, drawn as they come (a link definition before
+    // it has ended: the block's first line came after it).
+    const fence = !final && !long ? openFence(tokens[last]) : null;
+    if (long || fence) split = last;
     const done = tokens.slice(0, split);
-    const rest = long ? [] : tokens.slice(split);
+    const rest = long || fence ? [] : tokens.slice(split);
     if (long) done.push({ ...table, rows: table.rows.slice(0, -1) });
     done.links = rest.links = tokens.links;
     const settling = done.length ? [...renderTokens(done, { settled: true }).childNodes] : [];
     const open = rest.length ? [...renderTokens(rest, { settled: false }).childNodes] : [];
+    if (fence) {
+      const empty = { type: "code", raw: fence.head, lang: tokens[last].lang, text: "" };
+      settling.push(...renderTokens([empty], { settled: false }).childNodes);
+    }
     const earlier = this.settled > 0;
     for (const token of done) {
       this.settled += token === done.at(-1) && long ? 0 : token.raw.length;
@@ -188,11 +232,55 @@ export class MarkdownView {
       if (earlier) this.stale = true;
     }
     const shown = this.redraw([...settling, ...open], settling.length);
+    if (fence) {
+      const block = shown.filter((node) => node.classList?.contains("code-block")).at(-1);
+      this.settled += fence.head.length;
+      this.fence = { ...fence, text: new CodeText(block) };
+      this.drawFence(false);
+    }
     if (!long) return;
     this.settled += tableLength(table.raw, table.rows.length - 1);
     const lines = table.raw.split("\n");
     const el = shown.filter((node) => node.nodeName === "TABLE").at(-1);
     this.table = { head: `${lines[0]}\n${lines[1]}\n`, body: el.tBodies[0] };
+  }
+
+  /**
+   * Draw the lines of the long code block being drawn (`this.fence`) that have come: each
+   * complete line once, the last one (which may still grow) again. Returns whether the block is
+   * still open; once it has ended (its closing line has come, or no more text comes) it is drawn
+   * for good, and the text after it is read as any other.
+   */
+  drawFence(final) {
+    const { closing, text: code } = this.fence;
+    let end = final ? -1 : this.source.indexOf("\n", this.settled + FENCE_FRAME_CHARS);
+    end = end < 0 ? this.source.length : end + 1;
+    const text = this.source.slice(this.settled, end);
+    let at = 0;
+    for (let eol = text.indexOf("\n"); eol >= 0; at = eol + 1, eol = text.indexOf("\n", at)) {
+      if (!closing.test(text.slice(at, eol))) continue;
+      code.add(text.slice(0, at));
+      code.end("", true);
+      this.settled += eol; // its closing line is the block's; the line end, the next block's
+      this.fence = null;
+      return false;
+    }
+    const line = text.slice(at);
+    code.add(text.slice(0, at));
+    this.settled += at;
+    if (final) {
+      // marked ends the block's text with a line end; a closing line is not its text.
+      code.end(line && !closing.test(line) ? `${line}\n` : "", true);
+      this.settled = this.source.length;
+      this.fence = null;
+      return false;
+    }
+    code.show(closing.test(line) ? "" : line); // a closing line still without its line end
+    if (end < this.source.length) {
+      this.dirty = true; // behind: the rest in the next frames
+      schedule(this);
+    }
+    return true;
   }
 
   /**

@@ -19,6 +19,18 @@ const GUESSES = [
 ]; // prettier-ignore
 const GUESS_MIN_RELEVANCE = 10;
 
+/**
+ * A code block's text is drawn in pieces of about this many characters, each a block of its own in
+ * the page: a line added to one long run of text lays all of it out again (25 ms a line at 4,000
+ * lines), one added to the last piece lays out that piece. A piece ends at the first line end past
+ * this many characters (or twice, four, eight times as many) where highlight.js is back at the
+ * language's top level, not inside a string or comment of several lines, so each piece is coloured
+ * on its own as it is in the whole; past `PIECE_MAX_CHARS` it ends anyway. A block is cut the same
+ * way however it came, streamed or whole.
+ */
+const PIECE_CHARS = 2_000;
+const PIECE_MAX_CHARS = 16_000;
+
 const ALLOWED_TAGS = [
   "a", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr",
   "input", "kbd", "li", "ol", "p", "pre", "s", "span", "strong", "sub", "sup", "table",
@@ -126,21 +138,10 @@ function decorateCode(code, settled) {
   if (code.className.startsWith("language-language-")) code.className = code.className.slice(9);
   const named = /language-([\w+#.-]+)/.exec(code.className)?.[1]?.toLowerCase() ?? "";
   const text = code.textContent;
-  let highlighted = null;
-  if (named && hljs.getLanguage(named)) {
-    highlighted = hljs.highlight(text, { language: named, ignoreIllegals: true });
-  } else if (!named && settled && text.length <= GUESS_MAX_CHARS) {
-    const guess = hljs.highlightAuto(text, GUESSES);
-    if (guess.relevance >= GUESS_MIN_RELEVANCE) highlighted = guess;
-  }
-  if (highlighted) {
-    code.innerHTML = highlighted.value; // highlight.js escapes the text it wraps in its spans
-    code.classList.add("hljs");
-  }
   const block = document.createElement("div");
   block.className = "code-block";
   block.dir = "ltr"; // its language and Copy button stay where they are, in a right-to-left list too
-  block.dataset.lang = named || highlighted?.language || "";
+  block.dataset.lang = named;
   const copy = document.createElement("button");
   copy.type = "button";
   copy.className = "copy-code";
@@ -148,4 +149,108 @@ function decorateCode(code, settled) {
   copy.title = "Copy code";
   pre.replaceWith(block);
   block.append(copy, pre);
+  new CodeText(block).end(text, settled);
+}
+
+/**
+ * The text of a code block (a `.code-block` as `renderTokens` draws it), drawn in pieces
+ * (`PIECE_CHARS`) as its lines come: `add` the complete lines, `show` the line still streaming,
+ * `end` with the rest. Each piece is highlighted once, when it is complete; the lines after the
+ * last one are highlighted again with each `show`, so a frame's work is that of a piece at most,
+ * however long the block. What `end` leaves is what the whole text would have drawn at once.
+ */
+export class CodeText {
+  constructor(block) {
+    this.block = block;
+    this.code = block.querySelector("pre > code");
+    const named = block.dataset.lang;
+    /** The language highlight.js colours it in ("" for none, or none known yet). */
+    this.language = named && hljs.getLanguage(named) ? named : "";
+    this.top = this.language ? hljs.getLanguage(named) : null;
+    if (this.language) this.code.classList.add("hljs");
+    /** An unlabelled block's language may be guessed once it has ended. */
+    this.guess = !named;
+    this.pieces = 0;
+    /** Complete lines after the pieces, not yet a piece; how many line ends of it were tried. */
+    this.pending = "";
+    this.tries = 0;
+    /** The text so far while it is short enough to guess its language (`GUESS_MAX_CHARS`). */
+    this.text = "";
+    this.length = 0;
+    /** After the first piece: the block showing the lines after the pieces, and the last one. */
+    this.rest = null;
+  }
+
+  /** Add complete lines (each ending in "\n"); those that make up a piece are drawn for good. */
+  add(lines) {
+    this.pending += lines;
+    this.length += lines.length;
+    if (this.guess && this.length <= GUESS_MAX_CHARS) this.text += lines;
+    for (;;) {
+      const want = PIECE_CHARS * 2 ** this.tries;
+      const cut = this.pending.indexOf("\n", want - 1) + 1;
+      if (!cut) return;
+      const { html, whole } = this.colour(this.pending.slice(0, cut));
+      if (!whole && want < PIECE_MAX_CHARS) {
+        this.tries += 1;
+        continue;
+      }
+      if (!this.pieces) this.code.textContent = "";
+      this.code.insertBefore(piece(html), this.rest);
+      this.pieces += 1;
+      this.pending = this.pending.slice(cut);
+      this.tries = 0;
+    }
+  }
+
+  /** Show the lines not yet in a piece, and `line`, the last one still streaming. */
+  show(line) {
+    const { html } = this.colour(this.pending + line);
+    if (!this.pieces) {
+      this.code.innerHTML = html;
+      return;
+    }
+    this.rest ??= this.code.appendChild(piece(""));
+    this.rest.firstChild.innerHTML = html;
+  }
+
+  /** The block has ended with `text` (whole lines, the last "\n" included): draw it for good,
+   * and guess an unlabelled block's language if it is `settled` (see `renderTokens`). */
+  end(text, settled) {
+    this.add(text);
+    const guess = this.guess && settled && this.length <= GUESS_MAX_CHARS;
+    const guessed = guess ? hljs.highlightAuto(this.text, GUESSES) : null;
+    if (guessed && guessed.relevance >= GUESS_MIN_RELEVANCE) {
+      this.code.innerHTML = guessed.value;
+      this.code.classList.add("hljs");
+      this.block.dataset.lang = guessed.language;
+    } else if (!this.pieces) {
+      this.code.innerHTML = this.colour(this.pending).html;
+    } else if (this.pending) {
+      this.rest ??= this.code.appendChild(piece(""));
+      this.rest.firstChild.innerHTML = this.colour(this.pending).html;
+    } else {
+      this.rest?.remove();
+    }
+    this.rest = null;
+    this.pending = "";
+  }
+
+  /** `text` as HTML, coloured in the block's language; `whole` if highlight.js ended it at the
+   * language's top level (text after it is coloured the same on its own). */
+  colour(text) {
+    if (!this.language) return { html: escapeHtml(text), whole: true };
+    const result = hljs.highlight(text, { language: this.language, ignoreIllegals: true });
+    return { html: result.value, whole: result._top === this.top }; // highlight.js escapes the text
+  }
+}
+
+/** One piece of a code block's text: a block of its own, laid out apart from the others (its
+ * text in a span of its own, in the font of code: see style.css). */
+function piece(html) {
+  const el = document.createElement("span");
+  el.className = "code-lines";
+  el.append(document.createElement("span"));
+  el.firstChild.innerHTML = html;
+  return el;
 }

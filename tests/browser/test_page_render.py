@@ -626,6 +626,80 @@ async def test_raw_html_keeps_its_lines_and_a_wide_table_scrolls_on_a_phone(
         await page.screenshot(path=artifact("phone-html-and-wide-table.png"))
 
 
+RAW_HTML_LINE = (
+    "<section>This raw HTML block has a long line that a phone cannot show whole: word word "
+    + "<b>"
+    + "x" * 120
+    + "</b> and on the desktop "
+    + "y" * 260
+    + " too: SECRET-END</section>"
+)
+WIDE_CODE_LINE = "wide = [" + ", ".join(f"'item-{n}'" for n in range(40)) + "]"
+RAW_HTML_ANSWER = (
+    f"Some **bold** words first.\n\n{RAW_HTML_LINE}\n\n"
+    f"```python\n{WIDE_CODE_LINE}\n```\n\nThe end.\n"
+)
+#: Where a word of a ``pre`` in the answer lies, and the answer's own box.
+WORD_BOX_JS = """(output, word) => {
+    const pre = [...output.querySelectorAll("pre")].find((p) => p.textContent.includes(word));
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    let node = walker.nextNode();
+    while (!node.data.includes(word)) node = walker.nextNode();
+    const range = document.createRange();
+    range.setStart(node, node.data.indexOf(word));
+    range.setEnd(node, node.data.indexOf(word) + word.length);
+    const box = range.getBoundingClientRect();
+    const card = output.getBoundingClientRect();
+    return { left: box.left, right: box.right, cardLeft: card.left, cardRight: card.right };
+}"""
+
+
+async def test_a_long_line_of_raw_html_wraps_inside_the_card_on_a_phone_and_a_desktop(
+    page: Page, relay: RelayHandle
+) -> None:
+    """Raw HTML is shown as the text it is, in a ``pre`` that never wrapped: past the card's right
+    edge its words were cut off (the card hides what overflows it) and could not be scrolled to,
+    on a phone (390 px) and, for a longer line, on a desktop. A code block still keeps its lines
+    whole and scrolls."""
+    async with HandDrone(relay.url) as drone:
+        await open_hangar(page, relay)
+        turn = await submit(page, "Show a long line of raw HTML")
+        turn_id = await drone.next_order()
+        await drone.text(turn_id, RAW_HTML_ANSWER)
+        await drone.complete(turn_id, True, "done")
+        await expect(turn).to_have_class(has_class("finished"), timeout=WAIT_MS)
+        session = await page.evaluate("() => window.hangar.currentSessionId()")
+
+        async def check(shown: Page, width: int, name: str) -> None:
+            output = shown.locator(".turn .turn-output").last
+            raw = output.locator("pre").filter(has_text="SECRET-END")
+            await expect(raw).to_have_text(RAW_HTML_LINE)  # all of it, as text
+            for word in ("SECRET-END", "y" * 20, "x" * 20):
+                box = await output.evaluate(WORD_BOX_JS, word)
+                inside = box["cardLeft"] <= box["left"] and box["right"] <= box["cardRight"]
+                assert inside, f"{name}: {word[:12]} lies outside the card: {box}"
+            await assert_no_sideways_scroll(shown, width)
+            code = output.locator(".code-block pre")
+            await expect(code).to_have_text(WIDE_CODE_LINE)
+            lines = await code.evaluate(
+                "(pre) => [pre.scrollWidth > pre.clientWidth, getComputedStyle(pre).whiteSpace]"
+            )
+            assert lines == [True, "pre"], f"{name}: the code's line should scroll: {lines}"
+            await still(shown)
+            await shown.screenshot(path=artifact(f"render-raw-html-{name}.png"))
+
+        for scheme in SCHEMES:
+            await page.emulate_media(color_scheme=scheme)
+            await check(page, 1280, f"desktop-{scheme}")
+            async with phone_page(
+                page, relay, f"/#s={session}", (390, 844), color_scheme=scheme
+            ) as phone:
+                await expect(phone.locator(".turn .turn-output pre").first).to_be_visible(
+                    timeout=WAIT_MS
+                )
+                await check(phone, 390, f"phone-{scheme}")
+
+
 async def test_a_reference_link_defined_at_the_end_of_an_answer_is_a_link(
     page: Page, relay: RelayHandle
 ) -> None:
