@@ -13,7 +13,7 @@ from playwright.async_api import Page, expect
 
 from tests.browser.hand_drone import HandDrone
 from tests.browser.test_page import WAIT_MS, has_class, open_hangar, submit
-from tests.browser.test_page_render import clipboard, grant_clipboard, split
+from tests.browser.test_page_render import DRAW_WHOLE, clipboard, grant_clipboard, split
 from tests.conftest import RelayHandle
 
 pytestmark = pytest.mark.browser
@@ -182,20 +182,6 @@ WHOLE_SHARE = 0.35
 #: And the median drawing, at most (the old page's grew with the block to half the whole).
 MEDIAN_SHARE = 0.05
 STREAM_LINES = 6000
-DRAW_WHOLE = """async (answer) => {
-    const { MarkdownView } = await import("/static/markdown-view.js");
-    const el = document.createElement("div");
-    el.className = "md";
-    document.getElementById("turns").append(el);
-    const start = performance.now();
-    const view = new MarkdownView(el);
-    view.append(answer);
-    view.render(true);
-    void el.offsetHeight; // laid out, as the page's own drawing is
-    const took = performance.now() - start;
-    el.remove();
-    return took;
-}"""
 #: Time each drawing of the page's answers (the views are the module's, shared with the page),
 #: and note the tasks over 50 ms.
 TIME_DRAWS_JS = """async () => {

@@ -1077,6 +1077,7 @@ WHOLE_SHARE = 0.75
 DRAW_WHOLE = """async (answer) => {
     const { MarkdownView } = await import("/static/markdown-view.js");
     const el = document.createElement("div");
+    el.className = "md";
     document.getElementById("turns").append(el);
     const start = performance.now();
     const view = new MarkdownView(el);
