@@ -220,12 +220,10 @@ class Rooms:
             return {"ok": False, "error": UNKNOWN_SESSION}
         if request.before is None:
             await self.join_session(sid, session_id)
-        processing = next(
-            (t.turn_id for t in await self.store.processing_turns(session_id=session_id)), None
-        )
+        line = (await self._views([session], viewer.user_id))[0]
         page, before, more, where = Page(), request.before, True, None
         # The first page holds the running turn, after any turns queued behind it (newer).
-        running = processing if request.before is None else None
+        running = line.get("processingTurnId") if request.before is None else None
         while more and (len(page.turns) < request.limit or running is not None):
             wanted = min(
                 READ_AT_ONCE if page.turns else READ_FIRST,
@@ -248,7 +246,7 @@ class Rooms:
             break
         return {
             "ok": True,
-            "session": (await self._views([session], viewer.user_id))[0],
+            "session": line,
             "turns": page.turns[::-1],
             "more": more,
         }
